@@ -1,0 +1,7 @@
+//! troupe: a team of LLM agents run as real Unix processes.
+//!
+//! This library owns everything the `lead` and `worker` binaries share: the team directory and
+//! its files (inboxes, requests, roster, events, transcripts), the protocol types, the LLM
+//! clients, the tools and the agent loop. The binaries never open team files by hand.
+
+pub mod llm;
