@@ -4,4 +4,18 @@
 //! its files (inboxes, requests, roster, events, transcripts), the protocol types, the LLM
 //! clients, the tools and the agent loop. The binaries never open team files by hand.
 
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod fsutil;
+pub mod inbox;
 pub mod llm;
+pub mod mail;
+pub mod message;
+pub mod requests;
+pub mod teamdir;
+pub mod transcript;
+pub mod wait;
+
+pub use error::{Error, Result};
+pub use teamdir::{AgentName, TeamDir};

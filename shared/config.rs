@@ -1,0 +1,329 @@
+//! The roster: `config.json`, the team's members and their state.
+//!
+//! The file is a superset of the reference design's (`{"team_name", "members": [{name, role,
+//! status}]}`), which loads unchanged; fields this version does not know are kept. Every change
+//! goes through [`Roster::update`]: lock `config.lock`, read, change, durably replace, unlock, so
+//! the lead and the workers, which all write member state, never lose each other's updates.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::llm::Usage;
+use crate::teamdir::TeamDir;
+
+/// A member's lifecycle state (DESIGN.md section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberStatus {
+    /// Asked for; no process yet (waits for a supervisor).
+    Spawning,
+    /// Its process is running an activation.
+    Working,
+    /// Its process is alive and waiting for messages.
+    Idle,
+    /// Exited after an approved shutdown.
+    Shutdown,
+    /// Given up on: a config error or the restart limit.
+    Failed,
+    /// Stopped with the team.
+    Stopped,
+}
+
+impl MemberStatus {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberStatus::Spawning => "spawning",
+            MemberStatus::Working => "working",
+            MemberStatus::Idle => "idle",
+            MemberStatus::Shutdown => "shutdown",
+            MemberStatus::Failed => "failed",
+            MemberStatus::Stopped => "stopped",
+        }
+    }
+
+    /// Whether a process should be running for a member in this state.
+    pub fn wants_process(self) -> bool {
+        matches!(
+            self,
+            MemberStatus::Spawning | MemberStatus::Working | MemberStatus::Idle
+        )
+    }
+
+    /// Whether messages to the member will never be read (until it is spawned again).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, MemberStatus::Shutdown | MemberStatus::Failed)
+    }
+}
+
+impl fmt::Display for MemberStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a member's last process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ExitInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// Signal name (`SIGKILL`) when the process died by a signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.code, &self.signal) {
+            (Some(c), _) => write!(f, "exit {c}"),
+            (None, Some(s)) => f.write_str(s),
+            (None, None) => f.write_str("-"),
+        }
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One member's record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub name: String,
+    #[serde(default)]
+    pub role: String,
+    pub status: MemberStatus,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Bumped on every spawn of a process for this member.
+    #[serde(default)]
+    pub incarnation: u64,
+    /// Unexpected exits that were restarted, over the member's life.
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default)]
+    pub last_exit: Option<ExitInfo>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub require_plan_approval: bool,
+    /// The teammate's instructions (its system prompt's task part).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Tokens used over the member's life, summed after every model call.
+    #[serde(default)]
+    pub usage: Usage,
+    /// Model calls made over the member's life.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub calls: u64,
+    /// Why the member is `failed` (or other human-readable status detail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Whether a plan of this member has been approved (opens the plan gate).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub plan_approved: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<f64>,
+    /// Fields written by other versions, kept as they were.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Member {
+    /// A fresh record in `spawning`.
+    pub fn new(name: &str, role: &str) -> Member {
+        Member {
+            name: name.to_owned(),
+            role: role.to_owned(),
+            status: MemberStatus::Spawning,
+            pid: None,
+            incarnation: 0,
+            restarts: 0,
+            last_exit: None,
+            model: None,
+            require_plan_approval: false,
+            prompt: None,
+            usage: Usage::default(),
+            calls: 0,
+            reason: None,
+            plan_approved: false,
+            updated_at: None,
+            extra: Map::new(),
+        }
+    }
+}
+
+fn default_team_name() -> String {
+    "default".to_owned()
+}
+
+/// The whole of `config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamConfig {
+    #[serde(default = "default_team_name")]
+    pub team_name: String,
+    #[serde(default)]
+    pub members: Vec<Member>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Default for TeamConfig {
+    fn default() -> TeamConfig {
+        TeamConfig {
+            team_name: default_team_name(),
+            members: Vec::new(),
+            extra: Map::new(),
+        }
+    }
+}
+
+impl TeamConfig {
+    /// The member called `name`.
+    pub fn member(&self, name: &str) -> Option<&Member> {
+        self.members.iter().find(|m| m.name == name)
+    }
+
+    /// The member called `name`, mutably.
+    pub fn member_mut(&mut self, name: &str) -> Option<&mut Member> {
+        self.members.iter_mut().find(|m| m.name == name)
+    }
+
+    /// The member called `name`, or [`Error::UnknownMember`].
+    pub fn require(&self, name: &str) -> Result<&Member> {
+        self.member(name)
+            .ok_or_else(|| Error::UnknownMember(name.to_owned()))
+    }
+
+    /// The member called `name`, mutably, or [`Error::UnknownMember`].
+    pub fn require_mut(&mut self, name: &str) -> Result<&mut Member> {
+        self.member_mut(name)
+            .ok_or_else(|| Error::UnknownMember(name.to_owned()))
+    }
+}
+
+/// Access to a team's `config.json`.
+#[derive(Debug, Clone)]
+pub struct Roster {
+    team: TeamDir,
+}
+
+impl Roster {
+    /// The roster of `team`.
+    pub fn new(team: &TeamDir) -> Roster {
+        Roster { team: team.clone() }
+    }
+
+    /// Reads the roster (an empty team if the file does not exist). A file that does not parse
+    /// is an error and is left as it is.
+    pub fn load(&self) -> Result<TeamConfig> {
+        let path = self.team.config();
+        match fsutil::read_optional(&path)? {
+            None => Ok(TeamConfig::default()),
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+                path,
+                why: format!("{e} (fix or remove the file; it was left untouched)"),
+            }),
+        }
+    }
+
+    /// Reads, changes and durably replaces the roster under `config.lock`. If `f` fails, nothing
+    /// is written. Nothing is written either if `f` changed nothing.
+    pub fn update<R>(&self, f: impl FnOnce(&mut TeamConfig) -> Result<R>) -> Result<R> {
+        let lock_path = self.team.config_lock();
+        let lock = fsutil::open_lock(&lock_path)?;
+        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
+        let before = self.load()?;
+        let mut cfg = before.clone();
+        let out = f(&mut cfg)?;
+        if cfg != before {
+            let mut bytes = serde_json::to_vec_pretty(&cfg)
+                .map_err(|e| Error::Protocol(format!("failed to serialize config: {e}")))?;
+            bytes.push(b'\n');
+            fsutil::atomic_write(&self.team.config(), &bytes)?;
+        }
+        Ok(out)
+    }
+
+    /// Changes one member's record (see [`Roster::update`]).
+    pub fn update_member<R>(&self, name: &str, f: impl FnOnce(&mut Member) -> R) -> Result<R> {
+        self.update(|cfg| {
+            let m = cfg.require_mut(name)?;
+            let out = f(m);
+            m.updated_at = Some(fsutil::now());
+            Ok(out)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roster() -> (tempfile::TempDir, TeamDir, Roster) {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let r = Roster::new(&team);
+        (tmp, team, r)
+    }
+
+    #[test]
+    fn reference_shape_loads_unchanged() {
+        let (_t, team, r) = roster();
+        let text = r#"{"team_name":"default","members":[{"name":"alice","role":"coder","status":"idle"},{"name":"bob","role":"reviewer","status":"working"}]}"#;
+        std::fs::write(team.config(), text).unwrap();
+        let cfg = r.load().unwrap();
+        assert_eq!(cfg.members.len(), 2);
+        assert_eq!(cfg.members[0].status, MemberStatus::Idle);
+        assert_eq!(cfg.members[1].role, "reviewer");
+        // The older shape without team_name loads too.
+        std::fs::write(
+            team.config(),
+            r#"{"members":[{"name":"a","role":"r","status":"shutdown"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.load().unwrap().team_name, "default");
+    }
+
+    #[test]
+    fn garbage_is_an_error_and_untouched() {
+        let (_t, team, r) = roster();
+        std::fs::write(team.config(), "{not json").unwrap();
+        let e = r.load().unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("failed to parse {}: ", team.config().display())),
+            "{e}"
+        );
+        assert!(
+            r.update(|c| {
+                c.team_name = "x".into();
+                Ok(())
+            })
+            .is_err()
+        );
+        assert_eq!(std::fs::read_to_string(team.config()).unwrap(), "{not json");
+    }
+
+    #[test]
+    fn unknown_fields_survive_an_update() {
+        let (_t, team, r) = roster();
+        std::fs::write(team.config(), r#"{"team_name":"t","flavour":1,"members":[{"name":"a","role":"r","status":"idle","colour":"red"}]}"#).unwrap();
+        r.update_member("a", |m| m.restarts = 2).unwrap();
+        let v: Value = serde_json::from_slice(&std::fs::read(team.config()).unwrap()).unwrap();
+        assert_eq!(v["flavour"], 1);
+        assert_eq!(v["members"][0]["colour"], "red");
+        assert_eq!(v["members"][0]["restarts"], 2);
+        assert_eq!(
+            r.update_member("zed", |_| ()).unwrap_err().to_string(),
+            "no such teammate: zed"
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! The library's error type.
+//!
+//! Every variant that touches a file carries the operation and the path, so a message printed at
+//! the binary's edge says what failed where without a backtrace. The binaries map variants to the
+//! documented exit codes with [`Error::exit_code`].
+
+use std::io;
+use std::path::PathBuf;
+
+/// Errors of the team-directory layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A system call on a file failed.
+    #[error("failed to {op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A teammate name does not match `^[a-z][a-z0-9_-]{0,31}$` or is reserved.
+    #[error("invalid name {name:?}: {why}")]
+    InvalidName { name: String, why: &'static str },
+    /// A message type outside the protocol's list.
+    #[error("unknown message type {0:?} (expected one of: {types})", types = crate::message::MessageType::ALL_NAMES)]
+    UnknownMessageType(String),
+    /// A serialized message over the per-message limit.
+    #[error("message of {size} bytes is over the {limit}-byte limit")]
+    MessageTooLarge { size: usize, limit: usize },
+    /// The recipient's inbox is at its cap; the message was not written.
+    #[error(
+        "inbox of {name} is full ({size} bytes, cap {cap}): the recipient is not draining it; message not sent"
+    )]
+    InboxFull { name: String, size: u64, cap: u64 },
+    /// No such teammate in the roster.
+    #[error("no such teammate: {0}")]
+    UnknownMember(String),
+    /// A teammate exists but cannot receive or do what was asked.
+    #[error("teammate {name} is {status}: {why}")]
+    MemberConflict {
+        name: String,
+        status: String,
+        why: &'static str,
+    },
+    /// No request with this id.
+    #[error("no such request: {0}")]
+    UnknownRequest(String),
+    /// The request has already left `pending`.
+    #[error("request {id} is already {status}")]
+    AlreadyResolved { id: String, status: String },
+    /// Someone other than the addressee tried to answer a request.
+    #[error("request {id} is addressed to {to}; {who} may not answer it")]
+    NotAddressee { id: String, to: String, who: String },
+    /// A file holds something that is not what it should be. The file is left untouched.
+    #[error("failed to parse {}: {why}", path.display())]
+    Corrupt { path: PathBuf, why: String },
+    /// The team directory path exists but is not a directory.
+    #[error("team dir {} is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    /// Another process holds a lock this operation needs exclusively.
+    #[error("{what} is held by another process ({})", path.display())]
+    Locked { what: &'static str, path: PathBuf },
+    /// A protocol rule was broken (for example a teammate creating a shutdown request).
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl Error {
+    /// Wraps an io error with the operation and path it came from.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { op, path, source }
+    }
+
+    /// The CLI exit code of DESIGN.md section 8 for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::InvalidName { .. } | Error::UnknownMessageType(_) => 2,
+            Error::UnknownMember(_) | Error::UnknownRequest(_) => 3,
+            Error::AlreadyResolved { .. }
+            | Error::MemberConflict { .. }
+            | Error::Locked { .. }
+            | Error::NotAddressee { .. } => 4,
+            _ => 1,
+        }
+    }
+}
+
+/// Result alias of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,54 @@
+//! `events.jsonl`: the append-only audit log of the team.
+//!
+//! Spawns, exits, restarts, requests, decisions, escalations and set-aside inbox lines are each
+//! one JSON line: `{"ts": 1764672000.1, "event": "spawn", ...fields}`. Lines are appended with one
+//! `write_all` under `events.lock`, so concurrent processes never interleave. Logging an event
+//! never fails the operation that caused it: a failure to log is reported on stderr.
+
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::teamdir::TeamDir;
+
+/// Appends one event. `fields` must be a JSON object (anything else is stored under `"data"`).
+pub fn log(team: &TeamDir, event: &str, fields: Value) {
+    if let Err(e) = try_log(team, event, fields) {
+        tracing::warn!("failed to log event {event}: {e}");
+    }
+}
+
+/// Appends one event, reporting failure.
+pub fn try_log(team: &TeamDir, event: &str, fields: Value) -> Result<()> {
+    let mut obj = Map::new();
+    obj.insert("ts".into(), json!(fsutil::now()));
+    obj.insert("event".into(), json!(event));
+    match fields {
+        Value::Object(m) => obj.extend(m),
+        Value::Null => {}
+        other => {
+            obj.insert("data".into(), other);
+        }
+    }
+    let mut line = serde_json::to_vec(&Value::Object(obj))
+        .map_err(|e| Error::Protocol(format!("failed to serialize event: {e}")))?;
+    line.push(b'\n');
+    let lock_path = team.events_lock();
+    let lock = fsutil::open_lock(&lock_path)?;
+    let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
+    let path = team.events();
+    let mut f = fsutil::open_append(&path)?;
+    std::io::Write::write_all(&mut f, &line).map_err(Error::io("append to", &path))
+}
+
+/// Reads every complete event line (tests, `lead demo`, `lead status`).
+pub fn read_all(team: &TeamDir) -> Result<Vec<Value>> {
+    let Some(bytes) = fsutil::read_optional(&team.events())? else {
+        return Ok(Vec::new());
+    };
+    Ok(bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect())
+}

@@ -1,0 +1,430 @@
+//! Inboxes: `inbox/NAME.jsonl`, one JSON message per line, shared by many writers and one
+//! consumer, all serialized by an exclusive flock on the sidecar `inbox/NAME.lock`.
+//!
+//! - **Append** serializes the whole line first, then under the lock repairs a torn tail left by
+//!   a killed writer and writes the line with one `write_all` on an `O_APPEND` descriptor. A line
+//!   is therefore either wholly in the file or (after a `kill -9` mid-write) a fragment that the
+//!   next writer or the drainer sets aside; it never interleaves with another line.
+//! - **Drain** reads every complete line under the same lock, records the new ones in the
+//!   consumer's [`Journal`] (fsynced), then truncates the file in place. Ids the journal already
+//!   holds are skipped, so a crash between the journal write and the truncate repeats nothing.
+//! - **Bad lines** (not JSON, missing fields, unknown type) are moved to `NAME.corrupt.jsonl`
+//!   with an event; the rest of the batch is still delivered.
+//! - **Back-pressure**: an inbox over its cap refuses new messages rather than losing old ones.
+//!
+//! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::events;
+use crate::fsutil::{self, LockGuard};
+use crate::message::Message;
+use crate::teamdir::{AgentName, TeamDir};
+use crate::transcript::{Entry, Journal};
+
+/// Default inbox cap: an inbox this large refuses new messages.
+pub const DEFAULT_CAP: u64 = 64 * 1024 * 1024;
+
+/// An inbox, by name. Cheap to build; opens its files per operation (see [`InboxWriter`] for a
+/// writer that keeps them open).
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    team: TeamDir,
+    name: AgentName,
+    path: PathBuf,
+    lock_path: PathBuf,
+    cap: u64,
+}
+
+/// Whether an append waits for the data to reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Survives the death of any process (the page cache holds it); not a power loss.
+    ProcessCrash,
+    /// fdatasync before returning: survives a power loss too.
+    Sync,
+}
+
+impl Inbox {
+    /// The inbox of `name` in `team`, with the default cap.
+    pub fn new(team: &TeamDir, name: &AgentName) -> Inbox {
+        Inbox {
+            team: team.clone(),
+            name: name.clone(),
+            path: team.inbox(name),
+            lock_path: team.inbox_lock(name),
+            cap: DEFAULT_CAP,
+        }
+    }
+
+    /// Sets the size cap in bytes.
+    pub fn with_cap(mut self, cap: u64) -> Inbox {
+        self.cap = cap;
+        self
+    }
+
+    /// The owner's name.
+    pub fn name(&self) -> &AgentName {
+        &self.name
+    }
+
+    /// The inbox file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens a writer that keeps the inbox and its lock open across appends.
+    pub fn writer(&self) -> Result<InboxWriter> {
+        fsutil::create_dir(&self.team.inbox_dir())?;
+        Ok(InboxWriter {
+            inbox: self.clone(),
+            lock: fsutil::open_lock(&self.lock_path)?,
+            file: fsutil::open_append(&self.path)?,
+        })
+    }
+
+    /// Appends one message (see the module docs). Refused if the message is over the size limit
+    /// or the inbox is at its cap; nothing is written then.
+    pub fn append(&self, msg: &Message, durability: Durability) -> Result<()> {
+        self.writer()?.append(msg, durability)
+    }
+
+    /// Reads the inbox without changing it (shared lock). Bad lines are skipped, not moved.
+    pub fn peek(&self) -> Result<Vec<Message>> {
+        let Some((lock, mut file)) = self.open_existing()? else {
+            return Ok(Vec::new());
+        };
+        let _guard = fsutil::lock_shared(&lock, &self.lock_path)?;
+        let buf = read_all(&mut file, &self.path)?;
+        let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        Ok(buf[..complete]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| Message::parse_line(l).ok())
+            .collect())
+    }
+
+    /// Size of the inbox file in bytes (0 if it does not exist).
+    pub fn len(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// Whether the inbox file is empty or missing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drains the inbox into `journal` and returns the messages that are new to it, in file
+    /// order. See the module docs for the crash guarantees.
+    pub fn drain(&self, journal: &mut Journal) -> Result<Vec<Message>> {
+        self.drain_with(journal, |_| {})
+    }
+
+    /// [`Inbox::drain`] with a hook called after the journal is durable and before the inbox is
+    /// truncated: the one moment a crash matters. Tests use it to die there.
+    pub fn drain_with(
+        &self,
+        journal: &mut Journal,
+        before_truncate: impl FnOnce(&[Message]),
+    ) -> Result<Vec<Message>> {
+        let Some((lock, mut file)) = self.open_existing()? else {
+            return Ok(Vec::new());
+        };
+        let _guard = fsutil::lock_exclusive(&lock, &self.lock_path)?;
+        let buf = read_all(&mut file, &self.path)?;
+        if buf.is_empty() {
+            return Ok(Vec::new());
+        }
+        journal.refresh()?;
+        let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let mut fresh = Vec::new();
+        let mut corrupt: Vec<(&[u8], String)> = Vec::new();
+        let mut batch_ids = HashSet::new();
+        for line in buf[..complete].split(|&b| b == b'\n') {
+            if line.is_empty() {
+                continue;
+            }
+            match Message::parse_line(line) {
+                Ok(msg) => {
+                    if !journal.has_seen(&msg.id) && batch_ids.insert(msg.id.clone()) {
+                        fresh.push(msg);
+                    }
+                }
+                Err(why) => corrupt.push((line, why)),
+            }
+        }
+        if complete < buf.len() {
+            // No writer is mid-write while we hold the lock: an unterminated tail is a fragment
+            // of a writer that died.
+            corrupt.push((
+                &buf[complete..],
+                "torn line (writer died mid-write)".to_owned(),
+            ));
+        }
+        if !corrupt.is_empty() {
+            self.set_aside(&corrupt)?;
+        }
+        let entries: Vec<Entry> = fresh
+            .iter()
+            .map(|m| Entry::Inbox { message: m.clone() })
+            .collect();
+        journal.append(&entries)?;
+        before_truncate(&fresh);
+        file.set_len(0)
+            .map_err(Error::io("truncate inbox", &self.path))?;
+        Ok(fresh)
+    }
+
+    fn open_existing(&self) -> Result<Option<(File, File)>> {
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("open inbox", &self.path)(e)),
+        };
+        Ok(Some((fsutil::open_lock(&self.lock_path)?, file)))
+    }
+
+    /// Appends unparsable lines to `NAME.corrupt.jsonl` (fsynced) and logs an event.
+    fn set_aside(&self, lines: &[(&[u8], String)]) -> Result<()> {
+        let path = self.team.inbox_corrupt(&self.name);
+        let mut buf = Vec::new();
+        for (raw, why) in lines {
+            let rec = json!({
+                "at": fsutil::now(),
+                "reason": why,
+                "line": String::from_utf8_lossy(raw),
+            });
+            serde_json::to_writer(&mut buf, &rec)
+                .map_err(|e| Error::Protocol(format!("failed to serialize corrupt record: {e}")))?;
+            buf.push(b'\n');
+        }
+        let mut f = fsutil::open_append(&path)?;
+        f.write_all(&buf).map_err(Error::io("append to", &path))?;
+        fsutil::sync_data(&f, &path)?;
+        events::log(
+            &self.team,
+            "inbox_corrupt",
+            json!({"name": self.name, "lines": lines.len(), "file": path.file_name().map(|n| n.to_string_lossy())}),
+        );
+        tracing::warn!(inbox = %self.name, lines = lines.len(), "set aside unreadable inbox lines");
+        Ok(())
+    }
+}
+
+fn read_all(file: &mut File, path: &Path) -> Result<Vec<u8>> {
+    file.seek(SeekFrom::Start(0))
+        .map_err(Error::io("seek", path))?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf)
+        .map_err(Error::io("read inbox", path))?;
+    Ok(buf)
+}
+
+/// An inbox writer holding its descriptors open: the fast path for many appends to one inbox.
+#[derive(Debug)]
+pub struct InboxWriter {
+    inbox: Inbox,
+    lock: File,
+    file: File,
+}
+
+impl InboxWriter {
+    /// Appends one message (see [`Inbox::append`]).
+    pub fn append(&mut self, msg: &Message, durability: Durability) -> Result<()> {
+        let line = msg.to_line()?;
+        self.append_line(&line, durability)
+    }
+
+    /// Appends one pre-serialized line, which must end with `\n` and hold exactly one message.
+    pub fn append_line(&mut self, line: &[u8], durability: Durability) -> Result<()> {
+        debug_assert_eq!(line.last(), Some(&b'\n'));
+        let inbox = &self.inbox;
+        let _guard: LockGuard<'_> = fsutil::lock_exclusive(&self.lock, &inbox.lock_path)?;
+        let mut file = &self.file;
+        let size = self
+            .file
+            .metadata()
+            .map_err(Error::io("stat inbox", &inbox.path))?
+            .len();
+        if size + line.len() as u64 > inbox.cap {
+            return Err(Error::InboxFull {
+                name: inbox.name.to_string(),
+                size,
+                cap: inbox.cap,
+            });
+        }
+        if size > 0 {
+            let mut last = [0u8; 1];
+            self.file
+                .read_exact_at(&mut last, size - 1)
+                .map_err(Error::io("read inbox", &inbox.path))?;
+            if last[0] != b'\n' {
+                self.repair_tail(size)?;
+            }
+        }
+        file.write_all(line)
+            .map_err(Error::io("append to inbox", &inbox.path))?;
+        if durability == Durability::Sync {
+            fsutil::sync_data(&self.file, &inbox.path)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts a torn fragment (bytes after the last `\n`) off the inbox and sets it aside.
+    /// Called with the lock held.
+    fn repair_tail(&self, size: u64) -> Result<()> {
+        let inbox = &self.inbox;
+        let mut end = size;
+        let mut keep = 0u64;
+        let mut chunk = vec![0u8; 64 * 1024];
+        'search: while end > 0 {
+            let start = end.saturating_sub(chunk.len() as u64);
+            let n = (end - start) as usize;
+            self.file
+                .read_exact_at(&mut chunk[..n], start)
+                .map_err(Error::io("read inbox", &inbox.path))?;
+            if let Some(i) = chunk[..n].iter().rposition(|&b| b == b'\n') {
+                keep = start + i as u64 + 1;
+                break 'search;
+            }
+            end = start;
+        }
+        let mut fragment = vec![0u8; (size - keep) as usize];
+        self.file
+            .read_exact_at(&mut fragment, keep)
+            .map_err(Error::io("read inbox", &inbox.path))?;
+        inbox.set_aside(&[(&fragment, "torn line (writer died mid-write)".to_owned())])?;
+        self.file
+            .set_len(keep)
+            .map_err(Error::io("truncate torn tail of", &inbox.path))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::MessageType;
+
+    fn setup() -> (tempfile::TempDir, TeamDir, Inbox, Journal) {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let name = AgentName::teammate("alice").unwrap();
+        let inbox = Inbox::new(&team, &name);
+        let (journal, _) = Journal::open(&team, &name).unwrap();
+        (tmp, team, inbox, journal)
+    }
+
+    fn msg(text: &str) -> Message {
+        Message::new(MessageType::Message, "lead", "alice", text)
+    }
+
+    #[test]
+    fn append_peek_drain() {
+        let (_t, _team, inbox, mut j) = setup();
+        assert!(inbox.drain(&mut j).unwrap().is_empty());
+        let a = msg("a");
+        let b = msg("b");
+        inbox.append(&a, Durability::ProcessCrash).unwrap();
+        inbox.append(&b, Durability::Sync).unwrap();
+        assert_eq!(inbox.peek().unwrap(), vec![a.clone(), b.clone()]);
+        assert_eq!(inbox.drain(&mut j).unwrap(), vec![a, b]);
+        assert!(inbox.is_empty());
+        assert!(inbox.drain(&mut j).unwrap().is_empty());
+        assert_eq!(j.seen_count(), 2);
+    }
+
+    #[test]
+    fn bad_lines_are_set_aside_and_the_rest_delivered() {
+        let (_t, team, inbox, mut j) = setup();
+        let good = msg("ok");
+        let mut bytes = b"not json\n{\"id\":\"1\",\"type\":\"gossip\",\"from\":\"a\",\"to\":\"b\",\"content\":\"\",\"timestamp\":1}\n".to_vec();
+        bytes.extend(good.to_line().unwrap());
+        bytes.extend(b"{\"id\":\"torn");
+        std::fs::write(inbox.path(), &bytes).unwrap();
+        assert_eq!(inbox.drain(&mut j).unwrap(), vec![good]);
+        let corrupt = std::fs::read_to_string(team.inbox_corrupt(inbox.name())).unwrap();
+        assert_eq!(corrupt.lines().count(), 3, "{corrupt}");
+        assert!(corrupt.contains("torn line"));
+        let events = crate::events::read_all(&team).unwrap();
+        assert_eq!(events[0]["event"], "inbox_corrupt");
+        assert_eq!(events[0]["lines"], 3);
+    }
+
+    #[test]
+    fn append_repairs_a_torn_tail() {
+        let (_t, team, inbox, mut j) = setup();
+        let a = msg("a");
+        let mut bytes = a.to_line().unwrap();
+        bytes.extend(b"{\"id\":\"half-a-mess");
+        std::fs::write(inbox.path(), &bytes).unwrap();
+        let b = msg("b");
+        inbox.append(&b, Durability::ProcessCrash).unwrap();
+        assert_eq!(inbox.drain(&mut j).unwrap(), vec![a, b]);
+        let corrupt = std::fs::read_to_string(team.inbox_corrupt(inbox.name())).unwrap();
+        assert!(corrupt.contains("half-a-mess"));
+    }
+
+    #[test]
+    fn cap_refuses_without_losing() {
+        let (_t, _team, inbox, mut j) = setup();
+        let inbox = inbox.with_cap(1000);
+        let a = msg(&"x".repeat(600));
+        inbox.append(&a, Durability::ProcessCrash).unwrap();
+        let e = inbox
+            .append(&msg(&"y".repeat(600)), Durability::ProcessCrash)
+            .unwrap_err();
+        assert!(e.to_string().starts_with("inbox of alice is full"), "{e}");
+        assert_eq!(inbox.drain(&mut j).unwrap(), vec![a]);
+        inbox
+            .append(&msg("fits now"), Durability::ProcessCrash)
+            .unwrap();
+    }
+
+    #[test]
+    fn redrain_after_crash_before_truncate_repeats_nothing() {
+        let (_t, team, inbox, mut j) = setup();
+        let a = msg("a");
+        inbox.append(&a, Durability::ProcessCrash).unwrap();
+        // Simulate the crash: the batch is journaled, the inbox is not truncated.
+        j.append(&[Entry::Inbox { message: a.clone() }]).unwrap();
+        let b = msg("b");
+        inbox.append(&b, Durability::ProcessCrash).unwrap();
+        let (mut j2, _) = Journal::open(&team, inbox.name()).unwrap();
+        assert_eq!(inbox.drain(&mut j2).unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn waiter_wakes_on_append_and_times_out() {
+        let (_t, team, inbox, mut j) = setup();
+        let mut w = crate::wait::InboxWaiter::new(&inbox).unwrap();
+        assert!(w.uses_inotify());
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            w.wait(Some(std::time::Duration::from_millis(30)), &[])
+                .unwrap(),
+            crate::wait::Wake::Timeout
+        );
+        assert!(t0.elapsed() >= std::time::Duration::from_millis(30));
+        let team2 = team.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let i = Inbox::new(&team2, &AgentName::teammate("alice").unwrap());
+            i.append(&msg("wake"), Durability::ProcessCrash).unwrap();
+        });
+        assert_eq!(w.wait(None, &[]).unwrap(), crate::wait::Wake::Message);
+        h.join().unwrap();
+        assert_eq!(inbox.drain(&mut j).unwrap().len(), 1);
+    }
+}

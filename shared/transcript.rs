@@ -1,0 +1,240 @@
+//! The durable journal of what an agent consumed and said (`transcripts/NAME.jsonl`).
+//!
+//! The journal is the consumer half of the inbox protocol: [`crate::inbox::Inbox::drain`] records
+//! every new message here (fsynced) before it truncates the inbox, and skips any id the journal
+//! already holds. A crash between the two steps therefore neither loses nor repeats a message.
+//! The worker also journals every model turn and tool result, and rebuilds its conversation from
+//! the journal when restarted.
+//!
+//! Each line is one [`Entry`], written with a single `write_all` on an `O_APPEND` descriptor and
+//! fdatasynced. A line cut short by a crash is ignored when read and cut off before the next
+//! append.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::llm::{Block, ChatResponse};
+use crate::message::Message;
+use crate::teamdir::{AgentName, TeamDir};
+
+/// One journal line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    /// A process took over the journal (worker start or restart).
+    Session { incarnation: u64, pid: u32, at: f64 },
+    /// A message consumed from the inbox, with its full envelope.
+    Inbox { message: Message },
+    /// One model call's answer.
+    Assistant {
+        seq: u64,
+        response: ChatResponse,
+        at: f64,
+    },
+    /// The results of all tool uses of the preceding assistant turn (or some of them, when the
+    /// worker was killed partway and fills in the rest on restart).
+    ToolResults { results: Vec<Block>, at: f64 },
+    /// The agent finished an activation and went idle.
+    Idle { at: f64 },
+}
+
+/// An open journal: an append descriptor plus the set of inbox ids already recorded.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    /// Ids of every inbox message recorded so far, by anyone.
+    seen: HashSet<String>,
+    /// Bytes of the file already scanned into `seen`.
+    scanned: u64,
+}
+
+impl Journal {
+    /// Opens (creating 0600) the journal of `name`, returning it with every entry it holds.
+    /// A torn last line is dropped from the file.
+    pub fn open(team: &TeamDir, name: &AgentName) -> Result<(Journal, Vec<Entry>)> {
+        fsutil::create_dir(&team.transcripts_dir())?;
+        Journal::open_path(team.transcript(name))
+    }
+
+    /// Opens a journal at an explicit path (tests, tools).
+    pub fn open_path(path: PathBuf) -> Result<(Journal, Vec<Entry>)> {
+        let file = fsutil::open_append(&path)?;
+        let mut journal = Journal {
+            path,
+            file,
+            seen: HashSet::new(),
+            scanned: 0,
+        };
+        let entries = journal.scan(true)?;
+        Ok((journal, entries))
+    }
+
+    /// The journal's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether an inbox message with this id has been recorded.
+    pub fn has_seen(&self, id: &str) -> bool {
+        self.seen.contains(id)
+    }
+
+    /// Number of distinct inbox messages recorded.
+    pub fn seen_count(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Reads whatever was appended since the last scan (by this process or another consumer of
+    /// the same journal) and returns the complete entries found. With `repair`, an unterminated
+    /// last line is cut off the file.
+    fn scan(&mut self, repair: bool) -> Result<Vec<Entry>> {
+        let mut f = &self.file;
+        let len = f.metadata().map_err(Error::io("stat", &self.path))?.len();
+        if len <= self.scanned {
+            return Ok(Vec::new());
+        }
+        f.seek(SeekFrom::Start(self.scanned))
+            .map_err(Error::io("seek", &self.path))?;
+        let mut buf = Vec::with_capacity((len - self.scanned) as usize);
+        f.take(len - self.scanned)
+            .read_to_end(&mut buf)
+            .map_err(Error::io("read", &self.path))?;
+        let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let mut entries = Vec::new();
+        for line in buf[..complete].split(|&b| b == b'\n') {
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<Entry>(line) {
+                Ok(entry) => {
+                    if let Entry::Inbox { message } = &entry {
+                        self.seen.insert(message.id.clone());
+                    }
+                    entries.push(entry);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), "skipping unreadable journal line: {e}")
+                }
+            }
+        }
+        self.scanned += complete as u64;
+        if repair && complete < buf.len() {
+            tracing::warn!(
+                path = %self.path.display(),
+                bytes = buf.len() - complete,
+                "cutting a torn last line left by a crash"
+            );
+            self.file
+                .set_len(self.scanned)
+                .map_err(Error::io("truncate torn tail of", &self.path))?;
+        }
+        Ok(entries)
+    }
+
+    /// Catches up with entries appended by another process since the last scan.
+    pub(crate) fn refresh(&mut self) -> Result<()> {
+        self.scan(false).map(drop)
+    }
+
+    /// Appends entries with one write and fdatasyncs them. After `Ok`, they survive any crash.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for entry in entries {
+            serde_json::to_writer(&mut buf, entry)
+                .map_err(|e| Error::Protocol(format!("failed to serialize journal entry: {e}")))?;
+            buf.push(b'\n');
+        }
+        // Another consumer of this journal may have appended since our last scan; scan it first
+        // so that `scanned` keeps pointing at the end of what we have read.
+        self.refresh()?;
+        (&self.file)
+            .write_all(&buf)
+            .map_err(Error::io("append to", &self.path))?;
+        fsutil::sync_data(&self.file, &self.path)?;
+        for entry in entries {
+            if let Entry::Inbox { message } = entry {
+                self.seen.insert(message.id.clone());
+            }
+        }
+        self.scanned += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Reads the last byte of the file (used by tests to check termination).
+    #[cfg(test)]
+    fn last_byte(&self) -> Option<u8> {
+        use std::os::unix::fs::FileExt;
+        let len = self.file.metadata().ok()?.len();
+        let mut b = [0u8; 1];
+        self.file.read_exact_at(&mut b, len.checked_sub(1)?).ok()?;
+        Some(b[0])
+    }
+}
+
+/// Reads every complete entry of a journal without opening it for writing.
+pub fn read_entries(path: &Path) -> Result<Vec<Entry>> {
+    let Some(bytes) = fsutil::read_optional(path)? else {
+        return Ok(Vec::new());
+    };
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    Ok(bytes[..complete]
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::MessageType;
+
+    #[test]
+    fn reopen_rebuilds_seen_and_cuts_torn_tail() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.jsonl");
+        let m = Message::new(MessageType::Message, "lead", "alice", "hi");
+        {
+            let (mut j, entries) = Journal::open_path(path.clone()).unwrap();
+            assert!(entries.is_empty());
+            j.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
+        }
+        // A crash mid-append leaves half a line.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"kind\":\"inb")
+            .unwrap();
+        let (mut j, entries) = Journal::open_path(path.clone()).unwrap();
+        assert_eq!(entries, vec![Entry::Inbox { message: m.clone() }]);
+        assert!(j.has_seen(&m.id));
+        assert_eq!(j.last_byte(), Some(b'\n'));
+        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        assert_eq!(read_entries(&path).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn refresh_sees_other_writers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.jsonl");
+        let (mut a, _) = Journal::open_path(path.clone()).unwrap();
+        let (mut b, _) = Journal::open_path(path.clone()).unwrap();
+        let m = Message::new(MessageType::Message, "x", "lead", "1");
+        b.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
+        assert!(!a.has_seen(&m.id));
+        a.append(&[Entry::Idle { at: 0.0 }]).unwrap();
+        assert!(a.has_seen(&m.id));
+        assert_eq!(read_entries(&path).unwrap().len(), 2);
+    }
+}
