@@ -210,6 +210,16 @@ impl Inbox {
             buf.push(b'\n');
         }
         let mut f = fsutil::open_append(&path)?;
+        // We hold the inbox lock, as every writer of this file does. A torn last record is the
+        // copy of a fragment whose setter-aside died before cutting it out of the inbox, so the
+        // fragment is still there and about to be set aside again: cut the torn copy.
+        let len = f.metadata().map_err(Error::io("stat", &path))?.len();
+        if len > 0 {
+            let keep = last_newline_end(&f, len, &path)?;
+            if keep < len {
+                f.set_len(keep).map_err(Error::io("truncate torn tail of", &path))?;
+            }
+        }
         f.write_all(&buf).map_err(Error::io("append to", &path))?;
         fsutil::sync_data(&f, &path)?;
         events::log(
@@ -220,6 +230,23 @@ impl Inbox {
         tracing::warn!(inbox = %self.name, lines = lines.len(), "set aside unreadable inbox lines");
         Ok(())
     }
+}
+
+/// The offset just past the last `\n` in the first `size` bytes of `file` (0 if none).
+fn last_newline_end(file: &File, size: u64, path: &Path) -> Result<u64> {
+    let mut end = size;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let n = (end - start) as usize;
+        file.read_exact_at(&mut chunk[..n], start)
+            .map_err(Error::io("read", path))?;
+        if let Some(i) = chunk[..n].iter().rposition(|&b| b == b'\n') {
+            return Ok(start + i as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 fn read_all(file: &mut File, path: &Path) -> Result<Vec<u8>> {
@@ -285,21 +312,7 @@ impl InboxWriter {
     /// Called with the lock held.
     fn repair_tail(&self, size: u64) -> Result<()> {
         let inbox = &self.inbox;
-        let mut end = size;
-        let mut keep = 0u64;
-        let mut chunk = vec![0u8; 64 * 1024];
-        'search: while end > 0 {
-            let start = end.saturating_sub(chunk.len() as u64);
-            let n = (end - start) as usize;
-            self.file
-                .read_exact_at(&mut chunk[..n], start)
-                .map_err(Error::io("read inbox", &inbox.path))?;
-            if let Some(i) = chunk[..n].iter().rposition(|&b| b == b'\n') {
-                keep = start + i as u64 + 1;
-                break 'search;
-            }
-            end = start;
-        }
+        let keep = last_newline_end(&self.file, size, &inbox.path)?;
         let mut fragment = vec![0u8; (size - keep) as usize];
         self.file
             .read_exact_at(&mut fragment, keep)
