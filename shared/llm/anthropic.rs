@@ -6,7 +6,7 @@
 //!   last tool carries one too, so the stable prefix (tools, then system) is cached across calls.
 //!   Tools are serialized in the order given, fields in a fixed order, so the prefix stays
 //!   byte-identical.
-//! - Messages go through [`normalize`](super::normalize): roles alternate, blank text is dropped,
+//! - Messages are normalized (see `llm::normalize`): roles alternate, blank text is dropped,
 //!   `tool_result` blocks lead their user message.
 //! - A `tool_use` whose input is not a JSON object (an invalid-arguments call recorded from an
 //!   OpenAI-style server) is sent with input `{}`; its error result follows it anyway.

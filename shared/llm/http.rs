@@ -230,7 +230,7 @@ impl Endpoint<'_> {
                 self.retry.max_retry_after,
             );
             return Err(AttemptError::Transient {
-                description: format!("http {status} {kind}: {message}"),
+                description: format!("{} returned http {status} {kind}: {message}", self.provider),
                 hint,
                 request_id,
             });
@@ -240,7 +240,10 @@ impl Endpoint<'_> {
             _ if !quota && retry::status_is_transient(status) => LlmError::Unavailable {
                 // A transient status the server told us not to retry.
                 attempts: attempt,
-                last: format!("http {status} {kind}: {message} (x-should-retry: false)"),
+                last: format!(
+                    "{} returned http {status} {kind}: {message} (the server said not to retry)",
+                    self.provider
+                ),
             },
             _ => LlmError::Rejected {
                 status,

@@ -14,7 +14,7 @@
 //!
 //! Everything that decides is a pure function of its inputs (status, header values, the clock,
 //! a random number), so unit tests check the arithmetic without sleeping. The loop in
-//! [`run`] takes its sleep and its random source as parameters for the same reason.
+//! `run` takes its sleep and its random source as parameters for the same reason.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

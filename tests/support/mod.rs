@@ -1,0 +1,8 @@
+//! Helpers shared by the integration tests. Each test binary uses a different subset.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of the helpers"
+)]
+
+pub mod fake_llm;
