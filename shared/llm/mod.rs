@@ -3,9 +3,40 @@
 //! The agent loop speaks only these types; `anthropic`, `openai` and `replay` translate them to
 //! and from their wire formats. Keeping one neutral shape means a transcript recorded against one
 //! provider replays against any other, and a cassette is just a list of [`ChatResponse`]s.
+//!
+//! [`from_env`] picks and configures the provider from the environment (DESIGN.md section 9):
+//!
+//! | variable | meaning |
+//! | --- | --- |
+//! | `TROUPE_PROVIDER` | `anthropic`, `openai` or `replay`; when unset, the first key found wins |
+//! | `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL` | Messages API key; base URL without `/v1` |
+//! | `OPENAI_API_KEY`, `OPENAI_BASE_URL` | Chat Completions key; base URL with `/v1`. The key may be omitted when the base URL is set (local servers) |
+//! | `MODEL_ID` | default model (`claude-sonnet-4-5` / `gpt-4o-mini`); a non-empty [`ChatRequest::model`] overrides it |
+//! | `TROUPE_CASSETTE` | the cassette file played by `replay` |
+//! | `TROUPE_RECORD` | append every successful call to this cassette file |
+//! | `TROUPE_LLM_TIMEOUT_SECS` | whole-request timeout, default 600 |
+//! | `TROUPE_LLM_MAX_ATTEMPTS` | attempts per call, default 3 |
+//!
+//! Empty values count as unset. Keys are held only in request headers marked sensitive and never
+//! reach a log, an error message or a file.
+
+pub mod anthropic;
+pub mod error;
+mod http;
+pub mod openai;
+pub mod replay;
+pub mod retry;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracing::info;
+
+pub use anthropic::{Anthropic, AnthropicConfig};
+pub use error::LlmError;
+pub use http::HttpConfig;
+pub use openai::{OpenAi, OpenAiConfig};
+pub use replay::{CassetteEntry, Recorder, ReplayProvider};
+pub use retry::RetryPolicy;
 
 /// A tool offered to the model: name, human description and JSON schema of its input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,4 +154,316 @@ pub struct ChatResponse {
     pub usage: Usage,
     #[serde(default)]
     pub model: String,
+}
+
+impl Block {
+    /// The raw text of a tool call whose arguments were not a JSON object.
+    ///
+    /// OpenAI-style servers send tool arguments as a JSON string that may be invalid. The
+    /// `openai` provider then keeps the raw text as `input = Value::String(raw)` instead of
+    /// guessing; the tools layer should answer such a call with an error `tool_result` ("invalid
+    /// tool arguments: ...") so the model can try again. Returns `None` for every other block.
+    pub fn invalid_tool_arguments(&self) -> Option<&str> {
+        match self {
+            Block::ToolUse {
+                input: Value::String(raw),
+                ..
+            } => Some(raw),
+            _ => None,
+        }
+    }
+}
+
+/// A model API: one blocking call from a neutral request to a neutral response.
+///
+/// Implementations retry transient failures themselves, so an `Err` is final for this call.
+pub trait Provider: Send + Sync {
+    /// Short provider name for logs and status (`anthropic`, `openai`, `replay`).
+    fn name(&self) -> &'static str;
+    /// Makes one model call.
+    fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError>;
+}
+
+/// Builds the provider the process environment asks for; see the module docs for the variables.
+pub fn from_env() -> Result<Box<dyn Provider>, LlmError> {
+    from_env_with(&|name| std::env::var(name).ok())
+}
+
+/// [`from_env`] with the variables read through `vars`, so tests need not touch the process
+/// environment.
+pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Provider>, LlmError> {
+    let get = |name: &str| vars(name).filter(|v| !v.trim().is_empty());
+    let choice = match get("TROUPE_PROVIDER") {
+        Some(name) => name.trim().to_ascii_lowercase(),
+        None if get("ANTHROPIC_API_KEY").is_some() => "anthropic".to_string(),
+        None if get("OPENAI_API_KEY").is_some() || get("OPENAI_BASE_URL").is_some() => {
+            "openai".to_string()
+        }
+        None => {
+            return Err(LlmError::Config(format!(
+                "no llm provider configured; {HOW_TO_CONFIGURE}"
+            )));
+        }
+    };
+    let provider: Box<dyn Provider> = match choice.as_str() {
+        "anthropic" => {
+            let api_key = get("ANTHROPIC_API_KEY").ok_or_else(|| {
+                LlmError::Config(format!(
+                    "TROUPE_PROVIDER=anthropic needs ANTHROPIC_API_KEY; {HOW_TO_CONFIGURE}"
+                ))
+            })?;
+            let mut config = AnthropicConfig::new(api_key.trim());
+            if let Some(url) = get("ANTHROPIC_BASE_URL") {
+                config.base_url = url.trim().to_string();
+            }
+            if let Some(model) = get("MODEL_ID") {
+                config.model = model.trim().to_string();
+            }
+            config.http = HttpConfig::from_vars(&get)?;
+            Box::new(Anthropic::new(config)?)
+        }
+        "openai" => {
+            let api_key = get("OPENAI_API_KEY").map(|k| k.trim().to_string());
+            let base_url = get("OPENAI_BASE_URL").map(|u| u.trim().to_string());
+            if api_key.is_none() && base_url.is_none() {
+                return Err(LlmError::Config(format!(
+                    "TROUPE_PROVIDER=openai needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server; {HOW_TO_CONFIGURE}"
+                )));
+            }
+            let mut config = OpenAiConfig::new(api_key);
+            if let Some(url) = base_url {
+                config.base_url = url;
+            }
+            if let Some(model) = get("MODEL_ID") {
+                config.model = model.trim().to_string();
+            }
+            config.http = HttpConfig::from_vars(&get)?;
+            Box::new(OpenAi::new(config)?)
+        }
+        "replay" => {
+            let path = get("TROUPE_CASSETTE").ok_or_else(|| {
+                LlmError::Config(
+                    "TROUPE_PROVIDER=replay needs TROUPE_CASSETTE=FILE, a cassette recorded with TROUPE_RECORD or --record"
+                        .to_string(),
+                )
+            })?;
+            Box::new(ReplayProvider::open(path.trim())?)
+        }
+        other => {
+            return Err(LlmError::Config(format!(
+                "unknown TROUPE_PROVIDER {other:?}: expected anthropic, openai or replay"
+            )));
+        }
+    };
+    info!(provider = provider.name(), "llm provider selected");
+    match get("TROUPE_RECORD") {
+        Some(path) => Ok(Box::new(Recorder::new(provider, path.trim())?)),
+        None => Ok(provider),
+    }
+}
+
+/// The tail of every "no provider" error: which variables to set.
+const HOW_TO_CONFIGURE: &str = "set ANTHROPIC_API_KEY (and optionally ANTHROPIC_BASE_URL) for Anthropic, \
+or OPENAI_API_KEY and/or OPENAI_BASE_URL for OpenAI or a local OpenAI-compatible server, \
+optionally MODEL_ID for the model; TROUPE_PROVIDER=anthropic|openai picks one explicitly, \
+and TROUPE_PROVIDER=replay with TROUPE_CASSETTE=FILE plays a recording without network";
+
+/// A message as providers send it: see [`normalize`].
+pub(crate) struct WireTurn<'a> {
+    pub role: Role,
+    pub blocks: Vec<&'a Block>,
+}
+
+/// Puts a conversation into the shape the APIs accept: blank text blocks dropped (the Messages
+/// API rejects them), messages left empty dropped, consecutive messages of one role merged (roles
+/// must alternate), and in user messages the `tool_result` blocks moved first, in their order
+/// (they must directly follow the `tool_use` turn).
+pub(crate) fn normalize(messages: &[ChatMessage]) -> Vec<WireTurn<'_>> {
+    let mut turns: Vec<WireTurn<'_>> = Vec::with_capacity(messages.len());
+    for message in messages {
+        let blocks: Vec<&Block> = message
+            .content
+            .iter()
+            .filter(|b| !matches!(b, Block::Text { text } if text.trim().is_empty()))
+            .collect();
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some(last) if last.role == message.role => last.blocks.extend(blocks),
+            _ => turns.push(WireTurn {
+                role: message.role,
+                blocks,
+            }),
+        }
+    }
+    for turn in &mut turns {
+        if turn.role == Role::User {
+            // A stable sort: results keep their order, other blocks theirs.
+            turn.blocks
+                .sort_by_key(|b| !matches!(b, Block::ToolResult { .. }));
+        }
+    }
+    turns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn text(t: &str) -> Block {
+        Block::Text { text: t.into() }
+    }
+
+    fn result(id: &str) -> Block {
+        Block::ToolResult {
+            tool_use_id: id.into(),
+            content: "ok".into(),
+            is_error: false,
+        }
+    }
+
+    fn msg(role: Role, content: Vec<Block>) -> ChatMessage {
+        ChatMessage { role, content }
+    }
+
+    #[test]
+    fn normalize_merges_roles_and_puts_results_first() {
+        let messages = vec![
+            msg(Role::User, vec![text("hi")]),
+            msg(Role::Assistant, vec![text("")]),
+            msg(Role::User, vec![text("inbox"), result("a")]),
+            msg(Role::User, vec![result("b"), text("more")]),
+            msg(Role::Assistant, vec![text("done")]),
+        ];
+        let turns = normalize(&messages);
+        assert_eq!(turns.len(), 2);
+        assert_eq!(turns[0].role, Role::User);
+        let blocks: Vec<Block> = turns[0].blocks.iter().map(|b| (*b).clone()).collect();
+        assert_eq!(
+            blocks,
+            vec![
+                result("a"),
+                result("b"),
+                text("hi"),
+                text("inbox"),
+                text("more")
+            ]
+        );
+        assert_eq!(turns[1].role, Role::Assistant);
+    }
+
+    #[test]
+    fn invalid_arguments_are_recognised() {
+        let bad = Block::ToolUse {
+            id: "c".into(),
+            name: "bash".into(),
+            input: Value::String("{\"command\": ".into()),
+        };
+        assert_eq!(bad.invalid_tool_arguments(), Some("{\"command\": "));
+        let good = Block::ToolUse {
+            id: "c".into(),
+            name: "bash".into(),
+            input: serde_json::json!({"command": "ls"}),
+        };
+        assert_eq!(good.invalid_tool_arguments(), None);
+    }
+
+    #[test]
+    fn no_configuration_says_what_to_set() {
+        let e = from_env_with(&vars(&[])).err().expect("must fail");
+        assert_eq!(e.exit_code(), 78);
+        let text = e.to_string();
+        for name in [
+            "TROUPE_PROVIDER",
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_BASE_URL",
+            "OPENAI_API_KEY",
+            "OPENAI_BASE_URL",
+            "MODEL_ID",
+            "TROUPE_PROVIDER=replay",
+            "TROUPE_CASSETTE=FILE",
+        ] {
+            assert!(text.contains(name), "{name} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn provider_chosen_by_key() {
+        let p = from_env_with(&vars(&[
+            ("ANTHROPIC_API_KEY", "sk-ant-x"),
+            ("OPENAI_API_KEY", "sk-x"),
+        ]))
+        .expect("anthropic");
+        assert_eq!(p.name(), "anthropic");
+        let p = from_env_with(&vars(&[("OPENAI_API_KEY", "sk-x")])).expect("openai");
+        assert_eq!(p.name(), "openai");
+        let p = from_env_with(&vars(&[("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1")]))
+            .expect("local openai");
+        assert_eq!(p.name(), "openai");
+        let p = from_env_with(&vars(&[
+            ("TROUPE_PROVIDER", "OpenAI"),
+            ("ANTHROPIC_API_KEY", "sk-ant-x"),
+            ("OPENAI_API_KEY", "sk-x"),
+        ]))
+        .expect("explicit");
+        assert_eq!(p.name(), "openai");
+    }
+
+    #[test]
+    fn explicit_provider_without_its_key_is_a_config_error() {
+        let e = from_env_with(&vars(&[
+            ("TROUPE_PROVIDER", "anthropic"),
+            ("OPENAI_API_KEY", "sk-x"),
+        ]))
+        .err()
+        .expect("must fail");
+        assert!(e.to_string().contains("ANTHROPIC_API_KEY"), "{e}");
+        assert_eq!(e.exit_code(), 78);
+        let e = from_env_with(&vars(&[("TROUPE_PROVIDER", "openai")]))
+            .err()
+            .expect("must fail");
+        assert!(e.to_string().contains("OPENAI_BASE_URL"), "{e}");
+        let e = from_env_with(&vars(&[("TROUPE_PROVIDER", "replay")]))
+            .err()
+            .expect("must fail");
+        assert!(e.to_string().contains("TROUPE_CASSETTE"), "{e}");
+        let e = from_env_with(&vars(&[("TROUPE_PROVIDER", "gemini")]))
+            .err()
+            .expect("must fail");
+        assert!(e.to_string().contains("gemini"), "{e}");
+        assert_eq!(e.exit_code(), 78);
+    }
+
+    #[test]
+    fn bad_knobs_are_config_errors() {
+        let e = from_env_with(&vars(&[
+            ("ANTHROPIC_API_KEY", "sk-ant-secret"),
+            ("TROUPE_LLM_MAX_ATTEMPTS", "lots"),
+        ]))
+        .err()
+        .expect("must fail");
+        assert_eq!(e.exit_code(), 78);
+        assert!(!e.to_string().contains("sk-ant-secret"));
+    }
+
+    #[test]
+    fn keys_never_show_in_debug_output() {
+        let mut config = AnthropicConfig::new("sk-ant-secret");
+        config.base_url = "http://127.0.0.1:1".into();
+        let text = format!("{config:?}");
+        assert!(!text.contains("sk-ant-secret"), "{text}");
+        let config = OpenAiConfig::new(Some("sk-secret".to_string()));
+        let text = format!("{config:?}");
+        assert!(!text.contains("sk-secret"), "{text}");
+    }
 }

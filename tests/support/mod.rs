@@ -1,4 +1,9 @@
-//! Helpers shared by the integration tests.
-#![allow(dead_code)]
+//! Helpers shared by the integration tests. Each test binary uses a different subset.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of the helpers"
+)]
 
 pub mod child;
+pub mod fake_llm;
