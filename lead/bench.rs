@@ -32,7 +32,11 @@ pub struct WriterArgs {
 }
 
 pub fn writer(a: WriterArgs) -> anyhow::Result<u8> {
-    let d = if a.naive { Discipline::Naive } else { Discipline::Troupe };
+    let d = if a.naive {
+        Discipline::Naive
+    } else {
+        Discipline::Troupe
+    };
     bench::run_writer(&a.dir, a.writer, a.count, d, &a.go)?;
     Ok(0)
 }
@@ -84,13 +88,22 @@ fn tempfile_dir(base: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 fn machine() -> serde_json::Value {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = nix::sys::utsname::uname()
-        .map(|u| format!("{} {}", u.sysname().to_string_lossy(), u.release().to_string_lossy()))
+        .map(|u| {
+            format!(
+                "{} {}",
+                u.sysname().to_string_lossy(),
+                u.release().to_string_lossy()
+            )
+        })
         .unwrap_or_default();
     json!({"cores": cores, "kernel": kernel, "arch": std::env::consts::ARCH})
 }
 
 fn git_commit() -> Option<String> {
-    let out = Command::new("git").args(["rev-parse", "HEAD"]).output().ok()?;
+    let out = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())

@@ -52,7 +52,13 @@ fn bench_name() -> AgentName {
 }
 
 /// The writer side, run in a child process: wait for `go`, then append `count` messages.
-pub fn run_writer(team: &Path, writer: usize, count: u64, discipline: Discipline, go: &Path) -> Result<()> {
+pub fn run_writer(
+    team: &Path,
+    writer: usize,
+    count: u64,
+    discipline: Discipline,
+    go: &Path,
+) -> Result<()> {
     let team = TeamDir::open(team)?;
     let name = bench_name();
     let inbox = Inbox::new(&team, &name);
@@ -63,7 +69,12 @@ pub fn run_writer(team: &Path, writer: usize, count: u64, discipline: Discipline
         Discipline::Troupe => {
             let mut w = inbox.writer()?;
             for seq in 0..count {
-                let m = Message::new(MessageType::Message, "lead", "bench", format!("{writer}:{seq}"));
+                let m = Message::new(
+                    MessageType::Message,
+                    "lead",
+                    "bench",
+                    format!("{writer}:{seq}"),
+                );
                 w.append(&m, Durability::ProcessCrash)?;
             }
         }
@@ -75,7 +86,12 @@ pub fn run_writer(team: &Path, writer: usize, count: u64, discipline: Discipline
                 .open(&path)
                 .map_err(Error::io("open", &path))?;
             for seq in 0..count {
-                let m = Message::new(MessageType::Message, "lead", "bench", format!("{writer}:{seq}"));
+                let m = Message::new(
+                    MessageType::Message,
+                    "lead",
+                    "bench",
+                    format!("{writer}:{seq}"),
+                );
                 f.write_all(&m.to_line()?)
                     .map_err(Error::io("append to", &path))?;
             }
@@ -140,7 +156,9 @@ pub fn inbox_throughput(
     }
     let seconds = start.elapsed().as_secs_f64();
     for k in &mut kids {
-        let status = k.wait().map_err(Error::io("wait for bench writer", "lead"))?;
+        let status = k
+            .wait()
+            .map_err(Error::io("wait for bench writer", "lead"))?;
         if !status.success() {
             return Err(Error::Protocol(format!("bench writer failed: {status}")));
         }

@@ -217,7 +217,8 @@ impl Inbox {
         if len > 0 {
             let keep = last_newline_end(&f, len, &path)?;
             if keep < len {
-                f.set_len(keep).map_err(Error::io("truncate torn tail of", &path))?;
+                f.set_len(keep)
+                    .map_err(Error::io("truncate torn tail of", &path))?;
             }
         }
         f.write_all(&buf).map_err(Error::io("append to", &path))?;

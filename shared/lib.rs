@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod fsutil;
+pub mod ids;
 pub mod inbox;
 pub mod llm;
 pub mod mail;

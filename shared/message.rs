@@ -121,7 +121,7 @@ impl Message {
     /// A new message with a fresh id and the current time.
     pub fn new(kind: MessageType, from: &str, to: &str, content: impl Into<String>) -> Message {
         Message {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: crate::ids::uuid_v4().to_string(),
             kind,
             from: from.to_owned(),
             to: to.to_owned(),

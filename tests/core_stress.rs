@@ -213,9 +213,19 @@ fn sigkilled_writers_never_deliver_torn_messages() {
     assert_eq!(ids.len(), got.len(), "an id was consumed twice");
     for m in &got {
         assert_eq!(m.content.len(), SIZE, "torn message delivered");
-        assert!(m.content.split(':').nth(2).unwrap().bytes().all(|b| b == b'x'));
+        assert!(
+            m.content
+                .split(':')
+                .nth(2)
+                .unwrap()
+                .bytes()
+                .all(|b| b == b'x')
+        );
     }
-    let lost: Vec<_> = acked.iter().filter(|id| !ids.contains(id.as_str())).collect();
+    let lost: Vec<_> = acked
+        .iter()
+        .filter(|id| !ids.contains(id.as_str()))
+        .collect();
     assert!(lost.is_empty(), "{} acknowledged appends lost", lost.len());
     assert!(acked.len() > KILLS, "writers barely wrote: {}", acked.len());
 
@@ -252,7 +262,11 @@ fn racing_deciders_have_exactly_one_winner() {
                 .request_id
         })
         .collect();
-    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), N, "duplicate request ids");
+    assert_eq!(
+        ids.iter().collect::<HashSet<_>>().len(),
+        N,
+        "duplicate request ids"
+    );
     let ids_file = tmp.path().join("ids");
     std::fs::write(&ids_file, ids.join("\n")).unwrap();
     let go = tmp.path().join("go");
@@ -318,15 +332,22 @@ fn drainer_killed_between_journal_and_truncate_repeats_nothing() {
     for m in &first {
         inbox.append(m, Durability::ProcessCrash).unwrap();
     }
-    let out = child::spawn("dying_drainer", &[("TEAM", team.root().display().to_string())])
-        .wait_with_output()
-        .unwrap();
+    let out = child::spawn(
+        "dying_drainer",
+        &[("TEAM", team.root().display().to_string())],
+    )
+    .wait_with_output()
+    .unwrap();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&out.status),
         Some(9)
     );
     assert_eq!(child::reports(&out.stdout, "drained "), vec!["10"]);
-    assert_eq!(inbox.peek().unwrap().len(), 10, "inbox must still hold the batch");
+    assert_eq!(
+        inbox.peek().unwrap().len(),
+        10,
+        "inbox must still hold the batch"
+    );
 
     let late = Message::new(MessageType::Message, "lead", "alice", "late");
     inbox.append(&late, Durability::ProcessCrash).unwrap();

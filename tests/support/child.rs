@@ -27,8 +27,11 @@ pub fn spawn(role: &str, vars: &[(&str, String)]) -> Child {
     cmd.spawn().expect("spawn child test process")
 }
 
+/// A child role: its name and the function it runs with the child's environment.
+pub type Role = (&'static str, fn(&HashMap<String, String>));
+
 /// In a child, runs the role's function from `roles` and exits; in the parent, returns.
-pub fn dispatch(roles: &[(&str, fn(&HashMap<String, String>))]) {
+pub fn dispatch(roles: &[Role]) {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
