@@ -176,7 +176,12 @@ fn sigkilled_writers_never_deliver_torn_messages() {
     let mut acked = Vec::new();
     let mut kills = 0;
     let mut w = 0u64;
-    while kills < KILLS {
+    let torn = |team: &TeamDir| {
+        std::fs::read_to_string(team.inbox_corrupt(&alice())).map_or(0, |c| c.lines().count())
+    };
+    // At least KILLS kills, and more (up to 10x) until one kill has torn a line, so that the
+    // set-aside path is exercised in every run.
+    while kills < KILLS || (torn(&team) == 0 && kills < 10 * KILLS) {
         // Two writers at a time, each killed after a random few milliseconds.
         let mut pair: Vec<_> = (0..2)
             .map(|_| {
@@ -230,6 +235,10 @@ fn sigkilled_writers_never_deliver_torn_messages() {
     assert!(acked.len() > KILLS, "writers barely wrote: {}", acked.len());
 
     let corrupt = std::fs::read_to_string(team.inbox_corrupt(&alice())).unwrap_or_default();
+    assert!(
+        corrupt.lines().count() > 0,
+        "no kill tore a line in {kills} kills"
+    );
     for line in corrupt.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert_eq!(v["reason"], "torn line (writer died mid-write)");
