@@ -4,6 +4,7 @@
 //! its files (inboxes, requests, roster, events, transcripts), the protocol types, the LLM
 //! clients, the tools and the agent loop. The binaries never open team files by hand.
 
+pub mod agent;
 pub mod bench;
 pub mod config;
 pub mod error;

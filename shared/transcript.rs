@@ -39,7 +39,14 @@ pub enum Entry {
     },
     /// The results of all tool uses of the preceding assistant turn (or some of them, when the
     /// worker was killed partway and fills in the rest on restart).
-    ToolResults { results: Vec<Block>, at: f64 },
+    ToolResults {
+        results: Vec<Block>,
+        /// Ids of inbox messages the tools delivered (through `read_inbox`): they are part of
+        /// these results and are not shown again as an inbox turn.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        inbox_ids: Vec<String>,
+        at: f64,
+    },
     /// The agent finished an activation and went idle.
     Idle { at: f64 },
 }

@@ -1,0 +1,3 @@
+//! The agent loop shared by teammates (the `worker` binary) and the LLM lead.
+
+pub mod conversation;
