@@ -40,6 +40,26 @@ pub fn unit_f64() -> f64 {
     (next() >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// A v4-shaped uuid derived from `key` (the same key always gives the same id): ids of messages
+/// that a restarted process may send again, so that the recipient's dedup drops the repeat.
+pub fn derived(key: &str) -> uuid::Uuid {
+    // Two FNV-1a passes with different offsets, mixed through SplitMix64's finalizer.
+    let fnv = |offset: u64| {
+        key.bytes().fold(offset, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&mix(fnv(0xcbf2_9ce4_8422_2325)).to_le_bytes());
+    bytes[8..].copy_from_slice(&mix(fnv(0x84222325_cbf29ce4)).to_le_bytes());
+    uuid::Builder::from_random_bytes(bytes).into_uuid()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -17,6 +17,7 @@ pub mod mail;
 pub mod message;
 pub mod requests;
 pub mod teamdir;
+pub mod tools;
 pub mod transcript;
 pub mod wait;
 

@@ -1,6 +1,158 @@
-//! The `worker` binary: one teammate process.
+//! The `worker` binary: one teammate process, started by `lead run` (or by hand for debugging).
+//!
+//! It runs the teammate loop of [`troupe::agent::teammate`] until an approved shutdown (exit 0),
+//! a signal (SIGTERM/SIGINT: finish the current step, persist, exit 143), or a fatal provider
+//! error (75 transient, 78 configuration). Exit codes are decided here, in one place.
 
-fn main() {
-    eprintln!("usage: worker --team-dir DIR --name NAME");
-    std::process::exit(64);
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use troupe::agent::teammate::{Outcome, Settings, Teammate};
+use troupe::fsutil::HeldLock;
+use troupe::{AgentName, TeamDir};
+
+/// Run one teammate of a troupe team.
+#[derive(Debug, Parser)]
+#[command(name = "worker", version, about)]
+struct Args {
+    /// Team directory.
+    #[arg(long, env = "TROUPE_TEAM_DIR", default_value = ".team")]
+    team_dir: PathBuf,
+    /// The teammate's name (must be in config.json).
+    #[arg(long)]
+    name: String,
+    /// Working directory the tools are confined to (default: the current directory).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// Model calls allowed per activation.
+    #[arg(long, env = "TROUPE_MAX_CALLS", default_value_t = 50)]
+    max_calls: u64,
+    /// Characters of conversation sent to the model per call, at most.
+    #[arg(long, env = "TROUPE_CONTEXT_CHARS", default_value_t = 400_000)]
+    context_chars: usize,
+    /// max_tokens of each model call.
+    #[arg(long, env = "TROUPE_MAX_TOKENS", default_value_t = 8192)]
+    max_tokens: u32,
+    /// Timeout of the bash tool, in seconds.
+    #[arg(long, env = "TROUPE_BASH_TIMEOUT_SECS", default_value_t = 120)]
+    bash_timeout: u64,
+}
+
+const EX_USAGE: u8 = 64;
+const EX_TEMPFAIL: u8 = 75;
+const EX_CONFIG: u8 = 78;
+const EXIT_TERM: u8 = 143;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EX_USAGE } else { 0 });
+        }
+    };
+    match run(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("worker: {e:#}");
+            let code = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<troupe::Error>())
+                .map_or(1, |t| match t {
+                    troupe::Error::InvalidName { .. } | troupe::Error::UnknownMember(_) => EX_USAGE,
+                    troupe::Error::Corrupt { .. } | troupe::Error::NotADirectory(_) => EX_CONFIG,
+                    _ => 1,
+                });
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run(a: Args) -> anyhow::Result<u8> {
+    let name = AgentName::teammate(&a.name)?;
+    let team = TeamDir::open(&a.team_dir)?;
+    watch_parent();
+    let term = Arc::new(AtomicBool::new(false));
+    let (wake_r, wake_w) =
+        std::os::unix::net::UnixStream::pair().context("failed to create the signal pipe")?;
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, term.clone())
+            .context("failed to install signal handler")?;
+        signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)
+            .context("failed to install signal handler")?;
+    }
+    // One live process per teammate: wait briefly for a predecessor that is finishing its step.
+    let lock_path = team.transcript_lock(&name);
+    troupe::fsutil::create_dir(&team.transcripts_dir())?;
+    let mut held = None;
+    for _ in 0..100 {
+        if let Some(l) = HeldLock::try_acquire(&lock_path)? {
+            held = Some(l);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let Some(_alive) = held else {
+        eprintln!("worker: another worker process for {name} is still running");
+        return Ok(EX_TEMPFAIL);
+    };
+    let provider = match troupe::llm::from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("worker: {e}");
+            return Ok(e.exit_code());
+        }
+    };
+    let workdir = match a.workdir {
+        Some(w) => w,
+        None => std::env::current_dir().context("failed to read the current directory")?,
+    };
+    let settings = Settings {
+        team,
+        name,
+        workdir,
+        max_calls: a.max_calls,
+        context_chars: a.context_chars,
+        max_tokens: a.max_tokens,
+        bash_timeout: Duration::from_secs(a.bash_timeout),
+    };
+    let mut mate = Teammate::open(settings, provider, term)?;
+    Ok(match mate.run(wake_r.as_fd())? {
+        Outcome::Shutdown => 0,
+        Outcome::Terminated => EXIT_TERM,
+        Outcome::Llm(e) => {
+            eprintln!("worker: {e}");
+            let code = e.exit_code();
+            if code == EX_CONFIG { EX_CONFIG } else { code }
+        }
+    })
+}
+
+/// Dies with the parent: `PR_SET_PDEATHSIG` (the lead also sets it before exec) plus a check
+/// that the parent the lead named is still the parent, for a lead that died before the prctl.
+fn watch_parent() {
+    let Some(expected) = std::env::var("TROUPE_PARENT_PID")
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return;
+    };
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+    }
+    if nix::unistd::getppid().as_raw() != expected {
+        eprintln!("worker: the lead (pid {expected}) is gone; exiting");
+        std::process::exit(i32::from(EXIT_TERM));
+    }
 }

@@ -1,3 +1,4 @@
 //! The agent loop shared by teammates (the `worker` binary) and the LLM lead.
 
 pub mod conversation;
+pub mod teammate;

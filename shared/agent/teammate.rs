@@ -1,0 +1,558 @@
+//! The teammate agent: the loop one `worker` process runs until an approved shutdown.
+//!
+//! One activation: drain the inbox (journaled), show unseen messages to the model as one user
+//! turn, call the model, run the tools it asks for, journal all results as one entry, repeat
+//! until the model stops asking for tools or the call budget is spent. Then: status `idle`, an
+//! `idle_notification` to the lead, and a blocking wait on the inbox. Every step is journaled
+//! (fsynced) before the next, so a `kill -9` anywhere resumes from the journal.
+
+use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::agent::conversation::{self, Rebuilt};
+use crate::config::{MemberStatus, Roster};
+use crate::error::{Error, Result};
+use crate::events;
+use crate::fsutil;
+use crate::inbox::{Durability, Inbox};
+use crate::llm::{Block, ChatRequest, ChatResponse, LlmError, Provider, StopReason};
+use crate::mail::{self, Stopped};
+use crate::message::{Message, MessageType};
+use crate::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
+use crate::teamdir::{AgentName, LEAD, TeamDir};
+use crate::tools::{self, ToolOutput};
+use crate::transcript::{Entry, Journal};
+use crate::wait::{InboxWaiter, Wake};
+
+/// Settings of one teammate process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub team: TeamDir,
+    pub name: AgentName,
+    pub workdir: PathBuf,
+    /// Model calls allowed per activation.
+    pub max_calls: u64,
+    /// Bound on the characters of conversation sent per call.
+    pub context_chars: usize,
+    pub max_tokens: u32,
+    pub bash_timeout: Duration,
+}
+
+/// How the loop ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// An approved shutdown: exit 0.
+    Shutdown,
+    /// SIGTERM/SIGINT: the current step was finished and persisted.
+    Terminated,
+    /// The model provider failed for good.
+    Llm(LlmError),
+}
+
+/// A running teammate.
+pub struct Teammate {
+    s: Settings,
+    provider: Box<dyn Provider>,
+    journal: Journal,
+    conv: Rebuilt,
+    inbox: Inbox,
+    roster: Roster,
+    requests: RequestStore,
+    incarnation: u64,
+    role: String,
+    prompt: String,
+    model: String,
+    plan_gate: bool,
+    gate_open: bool,
+    shutdown_approved: bool,
+    term: Arc<AtomicBool>,
+}
+
+impl Teammate {
+    /// Opens the journal, rebuilds the conversation and records the new session.
+    pub fn open(
+        s: Settings,
+        provider: Box<dyn Provider>,
+        term: Arc<AtomicBool>,
+    ) -> Result<Teammate> {
+        let roster = Roster::new(&s.team);
+        let member = roster.load()?.require(s.name.as_str())?.clone();
+        let (mut journal, entries) = Journal::open(&s.team, &s.name)?;
+        let mut conv = Rebuilt::from_entries(&entries);
+        let session = Entry::Session {
+            incarnation: member.incarnation,
+            pid: std::process::id(),
+            at: fsutil::now(),
+        };
+        journal.append(std::slice::from_ref(&session))?;
+        if !conv.dangling.is_empty() {
+            let fill = Entry::ToolResults {
+                results: conv.dangling_results(),
+                inbox_ids: Vec::new(),
+                at: fsutil::now(),
+            };
+            journal.append(std::slice::from_ref(&fill))?;
+            conv.push_entry(&fill);
+        }
+        let requests = RequestStore::new(&s.team);
+        let mut t = Teammate {
+            inbox: Inbox::new(&s.team, &s.name),
+            model: member.model.clone().unwrap_or_default(),
+            incarnation: member.incarnation,
+            role: member.role.clone(),
+            prompt: member.prompt.clone().unwrap_or_default(),
+            plan_gate: member.require_plan_approval,
+            gate_open: false,
+            shutdown_approved: false,
+            s,
+            provider,
+            journal,
+            conv,
+            roster,
+            requests,
+            term,
+        };
+        t.gate_open = t.plan_approved()?;
+        Ok(t)
+    }
+
+    fn plan_approved(&self) -> Result<bool> {
+        Ok(self
+            .requests
+            .list(Some(RequestStatus::Approved))?
+            .iter()
+            .any(|r| r.kind == RequestKind::PlanApproval && r.from == self.s.name.as_str()))
+    }
+
+    fn terminated(&self) -> bool {
+        self.term.load(Ordering::SeqCst)
+    }
+
+    fn set_status(&self, status: MemberStatus) -> Result<()> {
+        let pid = std::process::id();
+        self.roster.update_member(self.s.name.as_str(), |m| {
+            m.status = status;
+            m.pid = Some(pid);
+            if status == MemberStatus::Shutdown {
+                m.pid = None;
+            }
+        })
+    }
+
+    /// Runs until an approved shutdown, a signal, or a fatal provider error. `wake` is a
+    /// descriptor that becomes readable when a signal arrives.
+    pub fn run(&mut self, wake: BorrowedFd<'_>) -> Result<Outcome> {
+        let mut waiter = InboxWaiter::new(&self.inbox)?;
+        loop {
+            if self.terminated() {
+                return Ok(Outcome::Terminated);
+            }
+            self.drain()?;
+            // Work to do: unseen messages, or an activation a restart cut short (finished or not:
+            // `activation` goes idle at once if the model already answered everything).
+            let pending_work =
+                !self.conv.unseen.is_empty() || (!self.conv.idle && self.conv.calls > 0);
+            if pending_work {
+                match self.activation()? {
+                    Some(out) => return Ok(out),
+                    None => continue,
+                }
+            }
+            match waiter.wait(None, &[wake])? {
+                Wake::External => return Ok(Outcome::Terminated),
+                Wake::Message | Wake::Timeout => {}
+            }
+        }
+    }
+
+    /// Drains the inbox into the journal; handles stale shutdown requests at once.
+    fn drain(&mut self) -> Result<Vec<Message>> {
+        let batch = self.inbox.drain(&mut self.journal)?;
+        for m in &batch {
+            self.conv.push_entry(&Entry::Inbox { message: m.clone() });
+            self.note_message(m)?;
+        }
+        Ok(batch)
+    }
+
+    /// Side effects of consuming a message: stale shutdowns are rejected, approvals open the gate.
+    fn note_message(&mut self, m: &Message) -> Result<()> {
+        match m.kind {
+            MessageType::ShutdownRequest => {
+                let Some(rid) = m.request_id.as_deref() else {
+                    return Ok(());
+                };
+                let Ok(req) = self.requests.get(rid) else {
+                    return Ok(());
+                };
+                if let Some(target) = req.target_incarnation
+                    && target < self.incarnation
+                    && req.status == RequestStatus::Pending
+                {
+                    let reason = format!(
+                        "stale request: addressed to incarnation {target}, this is incarnation {}",
+                        self.incarnation
+                    );
+                    match self.requests.resolve(
+                        rid,
+                        self.s.name.as_str(),
+                        false,
+                        json!({"reason": reason}),
+                    ) {
+                        Ok(_) => {
+                            self.respond_shutdown(rid, false, &reason)?;
+                            events::log(
+                                &self.s.team,
+                                "shutdown_stale",
+                                json!({"name": self.s.name, "request_id": rid, "target_incarnation": target, "incarnation": self.incarnation}),
+                            );
+                        }
+                        Err(e) => tracing::warn!("stale shutdown {rid}: {e}"),
+                    }
+                }
+            }
+            MessageType::PlanApprovalResponse if m.approve == Some(true) => {
+                self.gate_open = self.plan_approved()? || self.gate_open;
+                if self.gate_open {
+                    self.roster
+                        .update_member(self.s.name.as_str(), |mm| mm.plan_approved = true)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn respond_shutdown(&self, rid: &str, approve: bool, reason: &str) -> Result<()> {
+        let mut msg = Message::new(
+            MessageType::ShutdownResponse,
+            self.s.name.as_str(),
+            LEAD,
+            reason,
+        )
+        .with_request(rid);
+        // A response re-sent after a restart keeps its id, so the lead consumes it once.
+        msg.id = crate::ids::derived(&format!("shutdown_response:{rid}")).to_string();
+        msg.approve = Some(approve);
+        msg.reason = Some(reason.to_owned());
+        Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)
+    }
+
+    /// One activation. `Some(outcome)` ends the process.
+    fn activation(&mut self) -> Result<Option<Outcome>> {
+        self.set_status(MemberStatus::Working)?;
+        while self.conv.calls_this_activation < self.s.max_calls {
+            if self.terminated() {
+                return Ok(Some(Outcome::Terminated));
+            }
+            self.drain()?;
+            self.conv.flush_unseen();
+            let Some(last) = self.conv.messages.last() else {
+                break;
+            };
+            if last.role == crate::llm::Role::Assistant {
+                // The model already answered everything it was shown.
+                break;
+            }
+            let response = match self.call_model() {
+                Ok(r) => r,
+                Err(e) => return Ok(Some(Outcome::Llm(e))),
+            };
+            let entry = Entry::Assistant {
+                seq: self.conv.calls,
+                response: response.clone(),
+                at: fsutil::now(),
+            };
+            self.journal.append(std::slice::from_ref(&entry))?;
+            self.conv.push_entry(&entry);
+            let usage = response.usage;
+            self.roster.update_member(self.s.name.as_str(), |m| {
+                m.usage.add(&usage);
+                m.calls += 1;
+            })?;
+            let uses: Vec<(String, String, Value)> = response
+                .content
+                .iter()
+                .filter_map(|b| match b {
+                    Block::ToolUse { id, name, input } => {
+                        Some((id.clone(), name.clone(), input.clone()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if uses.is_empty() {
+                break;
+            }
+            let mut results = Vec::new();
+            let mut inbox_ids = Vec::new();
+            for (id, name, input) in uses {
+                let out = if response.stop_reason == StopReason::MaxTokens {
+                    ToolOutput::error(
+                        "not run: the response hit max_tokens before this tool call was complete; send a shorter call",
+                    )
+                } else {
+                    self.run_tool(&name, &input, &mut inbox_ids)
+                };
+                results.push(Block::ToolResult {
+                    tool_use_id: id,
+                    content: out.content,
+                    is_error: out.is_error,
+                });
+            }
+            let entry = Entry::ToolResults {
+                results,
+                inbox_ids,
+                at: fsutil::now(),
+            };
+            self.journal.append(std::slice::from_ref(&entry))?;
+            self.conv.push_entry(&entry);
+            if self.shutdown_approved {
+                self.set_status(MemberStatus::Shutdown)?;
+                events::log(
+                    &self.s.team,
+                    "shutdown_approved",
+                    json!({"name": self.s.name, "incarnation": self.incarnation}),
+                );
+                return Ok(Some(Outcome::Shutdown));
+            }
+        }
+        self.go_idle()?;
+        Ok(None)
+    }
+
+    fn go_idle(&mut self) -> Result<()> {
+        let entry = Entry::Idle { at: fsutil::now() };
+        self.journal.append(std::slice::from_ref(&entry))?;
+        self.conv.push_entry(&entry);
+        self.set_status(MemberStatus::Idle)?;
+        let summary: String = self.conv.last_text.chars().take(4000).collect();
+        let mut msg = Message::new(
+            MessageType::IdleNotification,
+            self.s.name.as_str(),
+            LEAD,
+            summary,
+        );
+        msg.id =
+            crate::ids::derived(&format!("idle:{}:{}", self.s.name, self.conv.calls)).to_string();
+        Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)
+    }
+
+    fn system_prompt(&self) -> String {
+        let gate = if self.plan_gate && !self.gate_open {
+            "\nBefore changing anything you must get a plan approved: submit it with plan_approval \
+             and wait for the lead's plan_approval_response. bash, write_file and edit_file become \
+             available once a plan is approved."
+        } else {
+            ""
+        };
+        format!(
+            "You are {name}, a {role} on a team of agents run by a lead. Your working directory \
+             is {wd}; file tools are confined to it.\n\nYour instructions:\n{prompt}\n\n\
+             Messages from the lead and teammates arrive as <inbox> turns. Use send_message to \
+             reply or report (the lead is \"lead\"). When you are asked to shut down, answer \
+             with shutdown_response. When you have nothing left to do, end your turn with a short \
+             summary of what you did.{gate}",
+            name = self.s.name,
+            role = self.role,
+            wd = self.s.workdir.display(),
+            prompt = self.prompt,
+        )
+    }
+
+    fn call_model(&mut self) -> std::result::Result<ChatResponse, LlmError> {
+        let req = ChatRequest {
+            model: self.model.clone(),
+            system: self.system_prompt(),
+            messages: conversation::bound(&self.conv.messages, self.s.context_chars),
+            tools: tools::teammate_specs(!self.plan_gate || self.gate_open),
+            max_tokens: self.s.max_tokens,
+            agent: self.s.name.to_string(),
+            seq: self.conv.calls,
+        };
+        self.provider.complete(&req)
+    }
+
+    fn run_tool(&mut self, name: &str, input: &Value, inbox_ids: &mut Vec<String>) -> ToolOutput {
+        let gated = self.plan_gate && !self.gate_open;
+        if tools::MUTATING.contains(&name) && gated {
+            return ToolOutput::error(format!(
+                "{name} is not available until a plan of yours is approved: submit one with plan_approval"
+            ));
+        }
+        let wd = match tools::fs::Workdir::new(&self.s.workdir) {
+            Ok(wd) => wd,
+            Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
+        };
+        match name {
+            "bash" => tools::bash::bash(&wd, input, self.s.bash_timeout),
+            "read_file" => tools::fs::read_file(&wd, input),
+            "write_file" => tools::fs::write_file(&wd, input),
+            "edit_file" => tools::fs::edit_file(&wd, input),
+            "send_message" => self.tool_send(input),
+            "read_inbox" => self.tool_read_inbox(inbox_ids),
+            "shutdown_response" => self.tool_shutdown_response(input),
+            "plan_approval" => self.tool_plan(input),
+            other => ToolOutput::error(format!(
+                "unknown tool {other:?}; available: {}",
+                tools::teammate_specs(!gated)
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    fn tool_send(&mut self, input: &Value) -> ToolOutput {
+        let parsed = (|| -> std::result::Result<(String, String), String> {
+            tools::check_input(input)?;
+            Ok((
+                tools::input_str(input, "to")?.to_owned(),
+                tools::input_str(input, "content")?.to_owned(),
+            ))
+        })();
+        let (to, content) = match parsed {
+            Ok(v) => v,
+            Err(e) => return ToolOutput::error(e),
+        };
+        if to == self.s.name.as_str() {
+            return ToolOutput::error("you cannot send a message to yourself");
+        }
+        let msg = Message::new(MessageType::Message, self.s.name.as_str(), &to, content);
+        match mail::send(&self.s.team, &msg, Stopped::Refuse, Durability::Sync) {
+            Ok(()) => ToolOutput::ok(format!("sent to {to} (id {})", msg.id)),
+            Err(e) => ToolOutput::error(format!("not sent: {e}")),
+        }
+    }
+
+    fn tool_read_inbox(&mut self, inbox_ids: &mut Vec<String>) -> ToolOutput {
+        match self.inbox.drain(&mut self.journal) {
+            Ok(batch) => {
+                for m in &batch {
+                    if let Err(e) = self.note_message(m) {
+                        tracing::warn!("{e}");
+                    }
+                }
+                inbox_ids.extend(batch.iter().map(|m| m.id.clone()));
+                if batch.is_empty() {
+                    ToolOutput::ok("no new messages")
+                } else {
+                    ToolOutput::ok(conversation::render_inbox(&batch))
+                }
+            }
+            Err(e) => ToolOutput::error(format!("failed to read inbox: {e}")),
+        }
+    }
+
+    fn tool_shutdown_response(&mut self, input: &Value) -> ToolOutput {
+        let parsed = (|| -> std::result::Result<(String, bool, String), String> {
+            tools::check_input(input)?;
+            let rid = tools::input_str(input, "request_id")?.to_owned();
+            let approve = tools::input_bool(input, "approve")?;
+            let reason = tools::input_opt_str(input, "reason")?
+                .unwrap_or_default()
+                .to_owned();
+            Ok((rid, approve, reason))
+        })();
+        let (rid, approve, reason) = match parsed {
+            Ok(v) => v,
+            Err(e) => return ToolOutput::error(e),
+        };
+        let req = match self.requests.get(&rid) {
+            Ok(r) if r.kind == RequestKind::Shutdown => r,
+            Ok(r) => {
+                return ToolOutput::error(format!(
+                    "request {rid} is a {} request, not a shutdown",
+                    r.kind
+                ));
+            }
+            Err(e) => return ToolOutput::error(e.to_string()),
+        };
+        if let Some(t) = req.target_incarnation
+            && t < self.incarnation
+        {
+            return ToolOutput::error(format!(
+                "request {rid} was for an earlier incarnation ({t}); it does not apply to you"
+            ));
+        }
+        match self.requests.resolve(
+            &rid,
+            self.s.name.as_str(),
+            approve,
+            json!({"reason": reason}),
+        ) {
+            Ok(_) => {
+                if let Err(e) = self.respond_shutdown(&rid, approve, &reason) {
+                    return ToolOutput::error(format!(
+                        "answer recorded but the lead was not told: {e}"
+                    ));
+                }
+                events::log(
+                    &self.s.team,
+                    "shutdown_response",
+                    json!({"name": self.s.name, "request_id": rid, "approve": approve}),
+                );
+                if approve {
+                    self.shutdown_approved = true;
+                    ToolOutput::ok("shutdown approved; this process exits after this step")
+                } else {
+                    ToolOutput::ok("shutdown rejected; keep working")
+                }
+            }
+            Err(e) => ToolOutput::error(e.to_string()),
+        }
+    }
+
+    fn tool_plan(&mut self, input: &Value) -> ToolOutput {
+        let plan = match tools::check_input(input).and_then(|_| tools::input_str(input, "plan")) {
+            Ok(p) => p.to_owned(),
+            Err(e) => return ToolOutput::error(e),
+        };
+        let req = match self.requests.create(NewRequest {
+            kind: RequestKind::PlanApproval,
+            from: self.s.name.to_string(),
+            to: LEAD.to_owned(),
+            payload: json!({"plan": plan}),
+            target_incarnation: Some(self.incarnation),
+            ttl: None,
+        }) {
+            Ok(r) => r,
+            Err(e) => return ToolOutput::error(e.to_string()),
+        };
+        let mut msg = Message::new(
+            MessageType::PlanApproval,
+            self.s.name.as_str(),
+            LEAD,
+            plan.clone(),
+        )
+        .with_request(&req.request_id);
+        msg.plan = Some(plan);
+        if let Err(e) = Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)
+        {
+            return ToolOutput::error(format!(
+                "plan recorded as {} but the lead was not told: {e}",
+                req.request_id
+            ));
+        }
+        events::log(
+            &self.s.team,
+            "plan_submitted",
+            json!({"name": self.s.name, "request_id": req.request_id}),
+        );
+        ToolOutput::ok(format!(
+            "plan submitted as request {}; the lead's plan_approval_response will arrive in your inbox",
+            req.request_id
+        ))
+    }
+}
+
+impl From<LlmError> for Error {
+    fn from(e: LlmError) -> Error {
+        Error::Protocol(e.to_string())
+    }
+}

@@ -1,0 +1,212 @@
+//! File tools confined to the working directory: `read_file`, `write_file`, `edit_file`.
+//!
+//! A path is resolved against the working directory, normalised, and the longest existing
+//! ancestor is canonicalized (so a symlink inside that points outside is caught); anything not
+//! under the working directory is refused.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{ToolOutput, cap_output, check_input, input_opt_u64, input_str};
+
+/// The directory the file tools are confined to.
+#[derive(Debug, Clone)]
+pub struct Workdir {
+    root: PathBuf,
+}
+
+impl Workdir {
+    /// The working directory at `path` (canonicalized).
+    pub fn new(path: &Path) -> std::io::Result<Workdir> {
+        Ok(Workdir {
+            root: path.canonicalize()?,
+        })
+    }
+
+    /// The canonical root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves a path given by the model, refusing anything outside the working directory.
+    pub fn resolve(&self, user: &str) -> Result<PathBuf, String> {
+        let escape = || format!("path escapes the working directory: {user}");
+        if user.is_empty() {
+            return Err("path is empty".to_owned());
+        }
+        let joined = self.root.join(user);
+        let mut norm = PathBuf::new();
+        for c in joined.components() {
+            match c {
+                Component::ParentDir => {
+                    if !norm.pop() {
+                        return Err(escape());
+                    }
+                }
+                Component::CurDir => {}
+                other => norm.push(other),
+            }
+        }
+        // Canonicalize the longest existing ancestor, then re-append the rest.
+        let mut existing = norm.clone();
+        let mut rest = Vec::new();
+        while !existing.exists() {
+            match existing.file_name() {
+                Some(n) => rest.push(n.to_owned()),
+                None => break,
+            }
+            if !existing.pop() {
+                break;
+            }
+        }
+        let mut real = existing
+            .canonicalize()
+            .map_err(|e| format!("cannot resolve {user}: {e}"))?;
+        for n in rest.into_iter().rev() {
+            real.push(n);
+        }
+        if real.starts_with(&self.root) {
+            Ok(real)
+        } else {
+            Err(escape())
+        }
+    }
+}
+
+/// `read_file{path, limit?}`.
+pub fn read_file(wd: &Workdir, input: &Value) -> ToolOutput {
+    let run = || -> Result<String, String> {
+        check_input(input)?;
+        let user = input_str(input, "path")?;
+        let limit = input_opt_u64(input, "limit")?;
+        let path = wd.resolve(user)?;
+        if path.is_dir() {
+            return Err(format!("{user} is a directory"));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {user}: {e}"))?;
+        let text =
+            String::from_utf8(bytes).map_err(|_| format!("{user} is not a UTF-8 text file"))?;
+        Ok(match limit {
+            Some(n) => {
+                let lines: Vec<&str> = text.lines().collect();
+                let n = (n as usize).min(lines.len());
+                let mut out = lines[..n].join("\n");
+                if n < lines.len() {
+                    out.push_str(&format!("\n[{} more lines not shown]", lines.len() - n));
+                }
+                out
+            }
+            None => text,
+        })
+    };
+    match run() {
+        Ok(s) => ToolOutput::ok(cap_output(s)),
+        Err(e) => ToolOutput::error(e),
+    }
+}
+
+/// `write_file{path, content}`.
+pub fn write_file(wd: &Workdir, input: &Value) -> ToolOutput {
+    let run = || -> Result<String, String> {
+        check_input(input)?;
+        let user = input_str(input, "path")?;
+        let content = input_str(input, "content")?;
+        let path = wd.resolve(user)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create directories for {user}: {e}"))?;
+        }
+        std::fs::write(&path, content).map_err(|e| format!("cannot write {user}: {e}"))?;
+        Ok(format!("wrote {} bytes to {user}", content.len()))
+    };
+    match run() {
+        Ok(s) => ToolOutput::ok(s),
+        Err(e) => ToolOutput::error(e),
+    }
+}
+
+/// `edit_file{path, old_text, new_text}`: old_text must occur exactly once.
+pub fn edit_file(wd: &Workdir, input: &Value) -> ToolOutput {
+    let run = || -> Result<String, String> {
+        check_input(input)?;
+        let user = input_str(input, "path")?;
+        let old = input_str(input, "old_text")?;
+        let new = input_str(input, "new_text")?;
+        if old.is_empty() {
+            return Err("old_text is empty".to_owned());
+        }
+        let path = wd.resolve(user)?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {user}: {e}"))?;
+        match text.matches(old).count() {
+            0 => Err(format!("old_text not found in {user}")),
+            1 => {
+                std::fs::write(&path, text.replacen(old, new, 1))
+                    .map_err(|e| format!("cannot write {user}: {e}"))?;
+                Ok(format!("edited {user}"))
+            }
+            n => Err(format!(
+                "old_text occurs {n} times in {user}; include more context so it occurs once"
+            )),
+        }
+    };
+    match run() {
+        Ok(s) => ToolOutput::ok(s),
+        Err(e) => ToolOutput::error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn confinement() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wd = Workdir::new(tmp.path()).unwrap();
+        assert!(wd.resolve("a/b.txt").is_ok());
+        for bad in ["../x", "/etc/passwd", "a/../../x"] {
+            assert_eq!(
+                wd.resolve(bad).unwrap_err(),
+                format!("path escapes the working directory: {bad}")
+            );
+        }
+        std::os::unix::fs::symlink("/etc", tmp.path().join("link")).unwrap();
+        assert!(wd.resolve("link/passwd").is_err());
+        let out = read_file(&wd, &json!({"path": "../../etc/passwd"}));
+        assert!(out.is_error);
+    }
+
+    #[test]
+    fn write_read_edit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wd = Workdir::new(tmp.path()).unwrap();
+        assert!(!write_file(&wd, &json!({"path": "d/f.txt", "content": "a\nb\nb\n"})).is_error);
+        let r = read_file(&wd, &json!({"path": "d/f.txt", "limit": 1}));
+        assert_eq!(r.content, "a\n[2 more lines not shown]");
+        let e = edit_file(
+            &wd,
+            &json!({"path": "d/f.txt", "old_text": "b", "new_text": "c"}),
+        );
+        assert!(e.is_error && e.content.contains("occurs 2 times"));
+        let e = edit_file(
+            &wd,
+            &json!({"path": "d/f.txt", "old_text": "z", "new_text": "c"}),
+        );
+        assert!(e.is_error && e.content.contains("not found"));
+        assert!(
+            !edit_file(
+                &wd,
+                &json!({"path": "d/f.txt", "old_text": "a", "new_text": "c"})
+            )
+            .is_error
+        );
+        assert!(
+            read_file(&wd, &json!("{bad json"))
+                .content
+                .starts_with("invalid tool arguments")
+        );
+    }
+}
