@@ -47,6 +47,9 @@ pub enum Entry {
         inbox_ids: Vec<String>,
         at: f64,
     },
+    /// Inbox messages the agent handled by itself (a stale shutdown request answered
+    /// automatically): never shown to the model.
+    Handled { ids: Vec<String>, at: f64 },
     /// The agent finished an activation and went idle.
     Idle { at: f64 },
 }

@@ -47,6 +47,7 @@ impl Rebuilt {
             .iter()
             .filter_map(|e| match e {
                 Entry::ToolResults { inbox_ids, .. } => Some(inbox_ids),
+                Entry::Handled { ids, .. } => Some(ids),
                 _ => None,
             })
             .flatten()
@@ -62,6 +63,9 @@ impl Rebuilt {
     fn apply(&mut self, e: &Entry, claimed: &HashSet<&str>) {
         match e {
             Entry::Session { .. } => {}
+            Entry::Handled { ids, .. } => {
+                self.unseen.retain(|m| !ids.contains(&m.id));
+            }
             Entry::Inbox { message } => {
                 if !claimed.contains(message.id.as_str()) {
                     self.unseen.push(message.clone());

@@ -173,22 +173,34 @@ impl Teammate {
     /// Drains the inbox into the journal; handles stale shutdown requests at once.
     fn drain(&mut self) -> Result<Vec<Message>> {
         let batch = self.inbox.drain(&mut self.journal)?;
+        let mut handled = Vec::new();
         for m in &batch {
             self.conv.push_entry(&Entry::Inbox { message: m.clone() });
-            self.note_message(m)?;
+            if self.note_message(m)? {
+                handled.push(m.id.clone());
+            }
+        }
+        if !handled.is_empty() {
+            let entry = Entry::Handled {
+                ids: handled,
+                at: fsutil::now(),
+            };
+            self.journal.append(std::slice::from_ref(&entry))?;
+            self.conv.push_entry(&entry);
         }
         Ok(batch)
     }
 
-    /// Side effects of consuming a message: stale shutdowns are rejected, approvals open the gate.
-    fn note_message(&mut self, m: &Message) -> Result<()> {
+    /// Side effects of consuming a message: stale shutdowns are rejected (and hidden from the
+    /// model: returns true), approvals open the gate.
+    fn note_message(&mut self, m: &Message) -> Result<bool> {
         match m.kind {
             MessageType::ShutdownRequest => {
                 let Some(rid) = m.request_id.as_deref() else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 let Ok(req) = self.requests.get(rid) else {
-                    return Ok(());
+                    return Ok(false);
                 };
                 if let Some(target) = req.target_incarnation
                     && target < self.incarnation
@@ -214,6 +226,7 @@ impl Teammate {
                         }
                         Err(e) => tracing::warn!("stale shutdown {rid}: {e}"),
                     }
+                    return Ok(true);
                 }
             }
             MessageType::PlanApprovalResponse if m.approve == Some(true) => {
@@ -225,7 +238,7 @@ impl Teammate {
             }
             _ => {}
         }
-        Ok(())
+        Ok(false)
     }
 
     fn respond_shutdown(&self, rid: &str, approve: bool, reason: &str) -> Result<()> {

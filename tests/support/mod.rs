@@ -7,3 +7,4 @@
 
 pub mod child;
 pub mod fake_llm;
+pub mod team;

@@ -1,0 +1,186 @@
+//! A temporary team dir and a running `worker` process for integration tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use troupe::config::{Member, MemberStatus, Roster};
+use troupe::inbox::{Durability, Inbox};
+use troupe::message::{Message, MessageType};
+use troupe::transcript::{self, Entry};
+use troupe::{AgentName, TeamDir};
+
+/// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
+pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A fresh team dir with a working directory beside it.
+pub struct Team {
+    pub tmp: tempfile::TempDir,
+    pub dir: TeamDir,
+    pub workdir: PathBuf,
+}
+
+impl Team {
+    pub fn new() -> Team {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let workdir = tmp.path().join("work");
+        std::fs::create_dir_all(&workdir).unwrap();
+        Team { tmp, dir, workdir }
+    }
+
+    /// Adds a member record as the lead would before spawning it.
+    pub fn add_member(&self, name: &str, incarnation: u64, require_plan: bool) {
+        Roster::new(&self.dir)
+            .update(|c| {
+                let mut m = Member::new(name, "coder");
+                m.incarnation = incarnation;
+                m.require_plan_approval = require_plan;
+                m.prompt = Some("Do what the lead asks.".into());
+                c.members.push(m);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    pub fn send(&self, to: &str, text: &str) -> Message {
+        let m = Message::new(MessageType::Message, "lead", to, text);
+        self.deliver(&m);
+        m
+    }
+
+    pub fn deliver(&self, m: &Message) {
+        Inbox::new(&self.dir, &AgentName::any(&m.to).unwrap())
+            .append(m, Durability::ProcessCrash)
+            .unwrap();
+    }
+
+    pub fn status(&self, name: &str) -> MemberStatus {
+        Roster::new(&self.dir)
+            .load()
+            .unwrap()
+            .require(name)
+            .unwrap()
+            .status
+    }
+
+    pub fn member(&self, name: &str) -> Member {
+        Roster::new(&self.dir)
+            .load()
+            .unwrap()
+            .require(name)
+            .unwrap()
+            .clone()
+    }
+
+    pub fn transcript(&self, name: &str) -> Vec<Entry> {
+        transcript::read_entries(&self.dir.transcript(&AgentName::any(name).unwrap())).unwrap()
+    }
+
+    pub fn lead_inbox(&self) -> Vec<Message> {
+        Inbox::new(&self.dir, &AgentName::lead()).peek().unwrap()
+    }
+
+    /// Ids of inbox messages in a transcript, in order.
+    pub fn consumed_ids(&self, name: &str) -> Vec<String> {
+        self.transcript(name)
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::Inbox { message } => Some(message.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Starts `worker` for `name` against an Anthropic-speaking fake at `url`.
+    pub fn worker(&self, name: &str, url: &str, extra_env: &[(&str, &str)]) -> Worker {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_worker"));
+        cmd.args(["--name", name])
+            .arg("--team-dir")
+            .arg(self.dir.root())
+            .arg("--workdir")
+            .arg(&self.workdir)
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("TROUPE_RECORD")
+            .env("TROUPE_PROVIDER", "anthropic")
+            .env("ANTHROPIC_API_KEY", "sk-test-key-never-logged")
+            .env("ANTHROPIC_BASE_URL", url)
+            .env("TROUPE_LLM_TIMEOUT_SECS", "5")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.tmp.path().join(format!("{name}.stderr")))
+                    .unwrap(),
+            ));
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        Worker {
+            child: Some(cmd.spawn().unwrap()),
+        }
+    }
+
+    pub fn stderr(&self, name: &str) -> String {
+        std::fs::read_to_string(self.tmp.path().join(format!("{name}.stderr"))).unwrap_or_default()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+}
+
+/// A worker process; its whole process group is killed on drop.
+pub struct Worker {
+    pub child: Option<Child>,
+}
+
+impl Worker {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig);
+    }
+
+    /// Waits for exit (panics after `timeout`).
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        wait_until(timeout, "worker exit", || child.try_wait().unwrap())
+    }
+
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The JSON of every request body the fake server received.
+pub fn bodies(reqs: &[super::fake_llm::Recorded]) -> Vec<Value> {
+    reqs.iter().map(|r| r.body.clone()).collect()
+}
