@@ -252,3 +252,258 @@ fn plan_gate_hides_mutating_tools_until_approved() {
         .any(|b| b["messages"].to_string().contains("add tests"));
     assert!(feedback_seen);
 }
+
+/// Every assistant tool_use in a request body must be answered by a tool_result in the next
+/// (user) message.
+fn assert_tool_pairs(body: &serde_json::Value) {
+    let msgs = body["messages"].as_array().unwrap();
+    for (i, m) in msgs.iter().enumerate() {
+        if m["role"] != "assistant" {
+            continue;
+        }
+        let Some(blocks) = m["content"].as_array() else {
+            continue;
+        };
+        for b in blocks.iter().filter(|b| b["type"] == "tool_use") {
+            let next = msgs
+                .get(i + 1)
+                .unwrap_or_else(|| panic!("tool_use {} without a following message", b["id"]));
+            let answered = next["content"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|r| r["type"] == "tool_result" && r["tool_use_id"] == b["id"])
+            });
+            assert!(answered, "tool_use {} without its tool_result", b["id"]);
+        }
+    }
+}
+
+#[test]
+fn kill_minus_nine_at_random_points_resumes_exactly_once() {
+    let team = Team::new();
+    team.add_member("dave", 1, false);
+    let mut script = Vec::new();
+    for i in 0..30 {
+        script.push(tool_turn(&[
+            anthropic_tool_use_block(
+                &format!("tu_{i}_a"),
+                "bash",
+                &format!(r#"{{"command":"echo step {i} >> log.txt"}}"#),
+            ),
+            anthropic_tool_use_block(&format!("tu_{i}_b"), "read_file", r#"{"path":"log.txt"}"#),
+        ]));
+    }
+    for _ in 0..40 {
+        script.push(Reply::ok(anthropic_text("all steps done")));
+    }
+    let fake = FakeLlm::start(script);
+    let mut sent = vec![team.send("dave", "run the steps").id];
+    let mut rng = support::child::Rng::seeded();
+    for k in 0..20 {
+        let w = team.worker("dave", &fake.url(), &[]);
+        std::thread::sleep(Duration::from_millis(rng.range(5, 60)));
+        if k % 4 == 0 {
+            sent.push(team.send("dave", &format!("extra message {k}")).id);
+        }
+        w.signal(nix::sys::signal::Signal::SIGKILL);
+        drop(w);
+    }
+    let mut last = team.worker("dave", &fake.url(), &[]);
+    wait_until(
+        Duration::from_secs(60),
+        "dave idle after the last restart",
+        || {
+            if let Some(st) = last.try_status() {
+                panic!("worker exited {st}: {}", team.stderr("dave"));
+            }
+            let idle = team.status("dave") == MemberStatus::Idle;
+            let text_done = team.transcript("dave").iter().any(|e| match e {
+                troupe::transcript::Entry::Assistant { response, .. } => {
+                    response.stop_reason == troupe::llm::StopReason::EndTurn
+                }
+                _ => false,
+            });
+            (idle && text_done && team.consumed_ids("dave").len() == sent.len()).then_some(())
+        },
+    );
+    let consumed = team.consumed_ids("dave");
+    let mut sorted = consumed.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), consumed.len(), "a message was consumed twice");
+    for id in &sent {
+        assert!(consumed.contains(id), "message {id} lost");
+    }
+    let reqs = bodies(&fake.requests());
+    assert!(
+        reqs.len() > 20,
+        "the conversation should span many turns, got {}",
+        reqs.len()
+    );
+    for b in &reqs {
+        assert_tool_pairs(b);
+    }
+    let sessions = team
+        .transcript("dave")
+        .iter()
+        .filter(|e| matches!(e, troupe::transcript::Entry::Session { .. }))
+        .count();
+    assert!((2..=21).contains(&sessions), "{sessions} sessions");
+}
+
+#[test]
+fn provider_failures_map_to_exit_codes() {
+    use support::fake_llm::anthropic_error;
+    // 401: exit 78, asked once.
+    let team = Team::new();
+    team.add_member("erin", 1, false);
+    team.send("erin", "hello");
+    let fake = FakeLlm::start([Reply::json(
+        401,
+        anthropic_error("authentication_error", "invalid x-api-key"),
+    )]);
+    let mut w = team.worker("erin", &fake.url(), &[]);
+    assert_eq!(w.wait(T).code(), Some(78), "{}", team.stderr("erin"));
+    assert_eq!(fake.request_count(), 1);
+    assert!(
+        !team.stderr("erin").contains("sk-test-key"),
+        "the key leaked to stderr"
+    );
+
+    // 529 three times: exit 75 after 3 attempts; the message stays consumed, and a restart
+    // against a healthy server answers it.
+    let overloaded = || {
+        Reply::json(529, anthropic_error("overloaded_error", "Overloaded"))
+            .header("retry-after-ms", "10")
+    };
+    let fake = FakeLlm::start([overloaded(), overloaded(), overloaded()]);
+    let team = Team::new();
+    team.add_member("fay", 1, false);
+    let m = team.send("fay", "hello");
+    let mut w = team.worker("fay", &fake.url(), &[]);
+    assert_eq!(w.wait(T).code(), Some(75), "{}", team.stderr("fay"));
+    assert_eq!(fake.request_count(), 3);
+    fake.push(Reply::ok(anthropic_text("hi")));
+    let _w = team.worker("fay", &fake.url(), &[]);
+    wait_until(T, "fay idle", || {
+        (team.status("fay") == MemberStatus::Idle).then_some(())
+    });
+    assert_eq!(team.consumed_ids("fay"), vec![m.id]);
+
+    // No key at all: exit 78 with a message naming the variables.
+    let team = Team::new();
+    team.add_member("gus", 1, false);
+    let mut w = team.worker(
+        "gus",
+        "http://127.0.0.1:9",
+        &[("TROUPE_PROVIDER", ""), ("ANTHROPIC_API_KEY", "")],
+    );
+    assert_eq!(w.wait(T).code(), Some(78));
+    let err = team.stderr("gus");
+    assert!(
+        err.contains("ANTHROPIC_API_KEY") && err.contains("OPENAI_API_KEY"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_tool_input_gives_the_model_an_error_and_it_keeps_going() {
+    let team = Team::new();
+    team.add_member("hal", 1, false);
+    let fake = FakeLlm::start([
+        tool_turn(&[
+            anthropic_tool_use_block("tu_1", "read_file", r#"{"path":"../../etc/passwd"}"#),
+            anthropic_tool_use_block("tu_2", "launch_rockets", r#"{}"#),
+            anthropic_tool_use_block("tu_3", "send_message", r#"{"to":"nobody","content":"hi"}"#),
+            anthropic_tool_use_block("tu_4", "write_file", r#"{"path":"x"}"#),
+            anthropic_tool_use_block("tu_5", "bash", r#"{"command":"sleep 5"}"#),
+        ]),
+        Reply::ok(anthropic_text("recovered")),
+    ]);
+    team.send("hal", "try things");
+    let _w = team.worker("hal", &fake.url(), &[("TROUPE_BASH_TIMEOUT_SECS", "1")]);
+    wait_until(T, "hal idle", || {
+        (team.status("hal") == MemberStatus::Idle).then_some(())
+    });
+    let reqs = bodies(&fake.requests());
+    let results = reqs[1]["messages"][2]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let text = |i: usize| results[i]["content"].as_str().unwrap().to_owned();
+    assert!(results.iter().all(|r| r["is_error"] == true), "{results:?}");
+    assert_eq!(
+        text(0),
+        "path escapes the working directory: ../../etc/passwd"
+    );
+    assert!(
+        text(1).starts_with("unknown tool \"launch_rockets\""),
+        "{}",
+        text(1)
+    );
+    assert_eq!(text(2), "not sent: no such teammate: nobody");
+    assert_eq!(text(3), "missing required field \"content\" (string)");
+    assert!(
+        text(4).starts_with("command timed out after 1 s"),
+        "{}",
+        text(4)
+    );
+}
+
+#[test]
+fn a_recorded_cassette_replays_the_same_transcript_without_a_server() {
+    use troupe::transcript::Entry;
+    let run = |team: &Team, env: &[(&str, &str)], url: &str| {
+        team.add_member("ivy", 1, false);
+        team.send("ivy", "write notes");
+        let _w = team.worker("ivy", url, env);
+        wait_until(T, "ivy idle", || {
+            (team.status("ivy") == MemberStatus::Idle).then_some(())
+        });
+        team.transcript("ivy")
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::Assistant { seq, response, .. } => Some(format!("A{seq} {:?}", response)),
+                Entry::ToolResults { results, .. } => Some(format!("R {results:?}")),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let live = Team::new();
+    let cassette = live.path().join("cassette.jsonl");
+    let fake = FakeLlm::start([
+        tool_turn(&[anthropic_tool_use_block(
+            "tu_1",
+            "write_file",
+            r#"{"path":"notes.md","content":"- a"}"#,
+        )]),
+        tool_turn(&[anthropic_tool_use_block(
+            "tu_2",
+            "read_file",
+            r#"{"path":"notes.md"}"#,
+        )]),
+        Reply::ok(anthropic_text("notes written")),
+    ]);
+    let recorded = run(
+        &live,
+        &[("TROUPE_RECORD", cassette.to_str().unwrap())],
+        &fake.url(),
+    );
+    assert_eq!(recorded.len(), 5);
+    drop(fake);
+
+    let replay = Team::new();
+    let replayed = run(
+        &replay,
+        &[
+            ("TROUPE_PROVIDER", "replay"),
+            ("TROUPE_CASSETTE", cassette.to_str().unwrap()),
+            ("ANTHROPIC_API_KEY", ""),
+        ],
+        "http://127.0.0.1:9",
+    );
+    assert_eq!(replayed, recorded);
+    assert_eq!(
+        std::fs::read_to_string(replay.workdir.join("notes.md")).unwrap(),
+        "- a"
+    );
+}
