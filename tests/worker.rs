@@ -507,3 +507,151 @@ fn a_recorded_cassette_replays_the_same_transcript_without_a_server() {
         "- a"
     );
 }
+
+/// Runs one activation of a fresh teammate against `fake` and returns the request bodies once
+/// it is idle.
+fn one_activation(
+    fake: &FakeLlm,
+    env: &[(&str, &str)],
+) -> (Team, Vec<serde_json::Value>, support::team::Worker) {
+    let team = Team::new();
+    team.add_member("kim", 1, false);
+    team.send("kim", "go");
+    let mut w = team.worker("kim", &fake.url(), env);
+    wait_until(T, "kim idle", || {
+        if let Some(st) = w.try_status() {
+            panic!("worker exited {st}: {}", team.stderr("kim"));
+        }
+        (team.status("kim") == MemberStatus::Idle).then_some(())
+    });
+    let reqs = bodies(&fake.requests());
+    (team, reqs, w)
+}
+
+#[test]
+fn anthropic_scenarios_through_the_worker() {
+    use support::fake_llm::anthropic_error;
+    // max_tokens cut inside a tool call: the call is not run, the model is told why.
+    let fake = FakeLlm::start([
+        Reply::ok(anthropic_message(
+            &anthropic_tool_use_block("tu_1", "write_file", r#"{"path":"half.txt"}"#),
+            "max_tokens",
+            USAGE,
+        )),
+        Reply::ok(anthropic_text("ok, shorter")),
+    ]);
+    let (team, reqs, _w) = one_activation(&fake, &[]);
+    assert!(!team.workdir.join("half.txt").exists());
+    let r = &reqs[1]["messages"][2]["content"][0];
+    assert_eq!(r["is_error"], true);
+    assert!(r["content"].as_str().unwrap().contains("max_tokens"));
+
+    // Refusal with empty content: idle, and the next request has a non-empty assistant turn.
+    let fake = FakeLlm::start([Reply::ok(anthropic_message("", "refusal", USAGE))]);
+    let (team, _, _w) = one_activation(&fake, &[]);
+    fake.push(Reply::ok(anthropic_text("fine")));
+    team.send("kim", "again");
+    wait_until(T, "second call", || {
+        (fake.request_count() == 2).then_some(())
+    });
+    let second = &bodies(&fake.requests())[1];
+    assert!(
+        second["messages"][1]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("declined")
+    );
+
+    // 429 with retry-after, then success; 529 twice, then success.
+    let fake = FakeLlm::start([
+        Reply::json(429, anthropic_error("rate_limit_error", "slow down"))
+            .header("retry-after", "1"),
+        Reply::json(529, anthropic_error("overloaded_error", "Overloaded"))
+            .header("retry-after-ms", "10"),
+        Reply::json(529, anthropic_error("overloaded_error", "Overloaded"))
+            .header("retry-after-ms", "10"),
+        Reply::ok(anthropic_text("hi")),
+    ]);
+    let (_team, reqs, _w) = one_activation(&fake, &[("TROUPE_LLM_MAX_ATTEMPTS", "4")]);
+    assert_eq!(reqs.len(), 4);
+
+    // A slow response past the timeout, then a truncated body, then success.
+    let fake = FakeLlm::start([
+        Reply::ok(anthropic_text("too late")).delay(Duration::from_secs(3)),
+        Reply::ok(anthropic_text("cut")).truncate_after(20),
+        Reply::ok(anthropic_text("whole")),
+    ]);
+    let (team, reqs, _w) = one_activation(&fake, &[("TROUPE_LLM_TIMEOUT_SECS", "1")]);
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(team.lead_inbox()[0].content, "whole");
+
+    // Spend cap: one request, exit 75, not retried.
+    let fake = FakeLlm::start([Reply::json(
+        429,
+        r#"{"type":"error","error":{"type":"rate_limit_error","message":"spend limit","details":{"error_code":"enforced_spend_limit_reached"}}}"#,
+    )]);
+    let team = Team::new();
+    team.add_member("kim", 1, false);
+    team.send("kim", "go");
+    let mut w = team.worker("kim", &fake.url(), &[]);
+    assert_eq!(w.wait(T).code(), Some(75));
+    assert_eq!(fake.request_count(), 1);
+}
+
+#[test]
+fn openai_wire_format_with_quirks() {
+    let fake = FakeLlm::start([
+        // Invalid arguments JSON, arguments as an object, a missing id.
+        Reply::ok(support::fake_llm::openai_completion(
+            r#"{"role":"assistant","content":null,"tool_calls":[
+                {"id":"call_1","type":"function","function":{"name":"write_file","arguments":"{\"path\": \"a.txt\", \"content\": "}},
+                {"id":"call_2","type":"function","function":{"name":"write_file","arguments":{"path":"b.txt","content":"bee"}}},
+                {"type":"function","function":{"name":"read_file","arguments":"{\"path\":\"b.txt\"}"}}]}"#,
+            "tool_calls",
+            r#"{"prompt_tokens":30,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":12}}"#,
+        )),
+        Reply::json(
+            503,
+            r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+        ),
+        Reply::ok(support::fake_llm::openai_text("done")),
+    ]);
+    let team = Team::new();
+    team.add_member("lou", 1, false);
+    team.send("lou", "go");
+    let env = [
+        ("TROUPE_PROVIDER", "openai"),
+        ("OPENAI_BASE_URL", &*format!("{}/v1", fake.url())),
+        ("OPENAI_API_KEY", ""),
+        ("ANTHROPIC_API_KEY", ""),
+    ];
+    let _w = team.worker("lou", &fake.url(), &env);
+    wait_until(T, "lou idle", || {
+        (team.status("lou") == MemberStatus::Idle).then_some(())
+    });
+    assert_eq!(
+        std::fs::read_to_string(team.workdir.join("b.txt")).unwrap(),
+        "bee"
+    );
+    assert!(!team.workdir.join("a.txt").exists());
+    let reqs = fake.requests();
+    assert_eq!(reqs[0].path, "/v1/chat/completions");
+    let last = &reqs.last().unwrap().body["messages"];
+    let tool_msgs: Vec<_> = last
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tool_msgs.len(), 3, "one tool message per call: {last}");
+    assert!(
+        tool_msgs[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid tool arguments")
+    );
+    assert_eq!(tool_msgs[2]["content"], "bee");
+    let m = team.member("lou");
+    assert_eq!(m.usage.cache_read_input_tokens, 12);
+    assert_eq!(m.usage.output_tokens, 9 + 5);
+}
