@@ -132,8 +132,8 @@ fn run(a: Args) -> anyhow::Result<u8> {
         Outcome::Terminated => EXIT_TERM,
         Outcome::Llm(e) => {
             eprintln!("worker: {e}");
-            let code = e.exit_code();
-            if code == EX_CONFIG { EX_CONFIG } else { code }
+            mate.record_failure(&e.to_string());
+            e.exit_code()
         }
     })
 }

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::agent::conversation::{self, Rebuilt};
 use crate::config::{MemberStatus, Roster};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::events;
 use crate::fsutil;
 use crate::inbox::{Durability, Inbox};
@@ -119,6 +119,17 @@ impl Teammate {
         };
         t.gate_open = t.plan_approved()?;
         Ok(t)
+    }
+
+    /// Notes in the member's record why this process is giving up (shown by `lead status`).
+    pub fn record_failure(&self, why: &str) {
+        let why = why.to_owned();
+        if let Err(e) = self
+            .roster
+            .update_member(self.s.name.as_str(), |m| m.reason = Some(why))
+        {
+            tracing::warn!("failed to record the failure reason: {e}");
+        }
     }
 
     fn plan_approved(&self) -> Result<bool> {
@@ -561,11 +572,5 @@ impl Teammate {
             "plan submitted as request {}; the lead's plan_approval_response will arrive in your inbox",
             req.request_id
         ))
-    }
-}
-
-impl From<LlmError> for Error {
-    fn from(e: LlmError) -> Error {
-        Error::Protocol(e.to_string())
     }
 }
