@@ -253,12 +253,16 @@ impl Roster {
         Ok(out)
     }
 
-    /// Changes one member's record (see [`Roster::update`]).
+    /// Changes one member's record (see [`Roster::update`]); `updated_at` is stamped only when
+    /// something changed, and nothing is written otherwise.
     pub fn update_member<R>(&self, name: &str, f: impl FnOnce(&mut Member) -> R) -> Result<R> {
         self.update(|cfg| {
             let m = cfg.require_mut(name)?;
+            let before = m.clone();
             let out = f(m);
-            m.updated_at = Some(fsutil::now());
+            if *m != before {
+                m.updated_at = Some(fsutil::now());
+            }
             Ok(out)
         })
     }

@@ -174,6 +174,8 @@ impl Teammate {
                     None => continue,
                 }
             }
+            // Nothing to do (also right after a restart between activations): say so.
+            self.set_status(MemberStatus::Idle)?;
             match waiter.wait(None, &[wake])? {
                 Wake::External => return Ok(Outcome::Terminated),
                 Wake::Message | Wake::Timeout => {}
@@ -353,7 +355,8 @@ impl Teammate {
         let entry = Entry::Idle { at: fsutil::now() };
         self.journal.append(std::slice::from_ref(&entry))?;
         self.conv.push_entry(&entry);
-        self.set_status(MemberStatus::Idle)?;
+        // Notify before the status flips, so whoever sees `idle` finds the summary waiting. A
+        // restart re-sends the same id, which the lead's dedup drops.
         let summary: String = self.conv.last_text.chars().take(4000).collect();
         let mut msg = Message::new(
             MessageType::IdleNotification,
@@ -363,7 +366,8 @@ impl Teammate {
         );
         msg.id =
             crate::ids::derived(&format!("idle:{}:{}", self.s.name, self.conv.calls)).to_string();
-        Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)
+        Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)?;
+        self.set_status(MemberStatus::Idle)
     }
 
     fn system_prompt(&self) -> String {
