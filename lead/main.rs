@@ -5,6 +5,7 @@
 //! chain.
 
 mod bench;
+mod commands;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +25,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Add a teammate (or reactivate one) with its task; a supervisor starts it.
+    Spawn(commands::SpawnArgs),
+    /// Send a message from the lead to a teammate; prints the message id.
+    Send(commands::SendArgs),
+    /// Send a message to every running teammate.
+    Broadcast(commands::BroadcastArgs),
+    /// Show the lead's inbox (consumes it unless --peek).
+    Inbox(commands::InboxArgs),
+    /// Show every member: status, pid, incarnation, restarts, last exit, tokens, requests.
+    Status(commands::ListArgs),
+    /// List protocol requests.
+    Requests(commands::RequestsArgs),
+    /// Ask a teammate to shut down; prints the request id.
+    Shutdown(commands::ShutdownArgs),
+    /// Approve a teammate's plan.
+    Approve(commands::DecideArgs),
+    /// Reject a teammate's plan (with --feedback).
+    Reject(commands::DecideArgs),
+    /// Print a teammate's log (stderr of its worker).
+    Logs(commands::LogsArgs),
     /// Measure inbox throughput (and more) and print one JSON document.
     Bench(bench::BenchArgs),
     /// Internal: one writer process of `lead bench`.
@@ -55,7 +76,18 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
+    let team = || troupe::TeamDir::open(&cli.team_dir);
     match cli.command {
+        Cmd::Spawn(a) => commands::spawn(&cli.team_dir, a),
+        Cmd::Send(a) => commands::send(&team()?, a),
+        Cmd::Broadcast(a) => commands::broadcast(&team()?, a),
+        Cmd::Inbox(a) => commands::inbox(&team()?, a),
+        Cmd::Status(a) => commands::status(&team()?, a),
+        Cmd::Requests(a) => commands::requests(&team()?, a),
+        Cmd::Shutdown(a) => commands::shutdown(&team()?, a),
+        Cmd::Approve(a) => commands::decide(&team()?, a, true),
+        Cmd::Reject(a) => commands::decide(&team()?, a, false),
+        Cmd::Logs(a) => commands::logs(&team()?, a),
         Cmd::Bench(args) => bench::run(args),
         Cmd::BenchWriter(args) => bench::writer(args),
     }

@@ -15,6 +15,7 @@ pub mod inbox;
 pub mod llm;
 pub mod mail;
 pub mod message;
+pub mod ops;
 pub mod requests;
 pub mod teamdir;
 pub mod tools;

@@ -101,6 +101,8 @@ impl Recorded {
 
 #[derive(Default)]
 struct State {
+    /// How long a request waits for a reply when the script is empty.
+    patience: Duration,
     script: VecDeque<Reply>,
     requests: Vec<Recorded>,
 }
@@ -119,6 +121,7 @@ impl FakeLlm {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(Mutex::new(State {
+            patience: Duration::ZERO,
             script: script.into_iter().collect(),
             requests: Vec::new(),
         }));
@@ -148,6 +151,12 @@ impl FakeLlm {
     /// `http://127.0.0.1:PORT`, no trailing slash.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Makes requests that find the script empty wait up to `d` for a [`FakeLlm::push`].
+    pub fn patient(self, d: Duration) -> Self {
+        self.lock().patience = d;
+        self
     }
 
     /// Appends to the script.
@@ -189,11 +198,22 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let Some(request) = read_request(&stream) else {
         return;
     };
-    let reply = {
+    let (mut reply, patience) = {
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests.push(request);
-        state.script.pop_front()
+        (state.script.pop_front(), state.patience)
     };
+    // A patient server waits a while for the test to push the reply this request needs (for
+    // replies that quote ids only known once the request exists).
+    let deadline = std::time::Instant::now() + patience;
+    while reply.is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        reply = state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .script
+            .pop_front();
+    }
     let reply = reply.unwrap_or_else(|| {
         Reply::json(
             500,

@@ -1,0 +1,372 @@
+//! The scripting commands of the lead CLI (DESIGN.md section 8). Each prints its result on
+//! stdout (a table, or one JSON document with `--json`) and leaves diagnostics to stderr.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use troupe::config::{MemberStatus, Roster};
+use troupe::inbox::Inbox;
+use troupe::message::Message;
+use troupe::ops::{self, SpawnSpec};
+use troupe::requests::{RequestStatus, RequestStore};
+use troupe::transcript::Journal;
+use troupe::{AgentName, TeamDir};
+
+#[derive(Debug, clap::Args)]
+pub struct SpawnArgs {
+    /// Teammate name: ^[a-z][a-z0-9_-]{0,31}$, not "lead".
+    name: String,
+    #[arg(long)]
+    role: String,
+    /// The teammate's task.
+    #[arg(
+        long,
+        conflicts_with = "prompt_file",
+        required_unless_present = "prompt_file"
+    )]
+    prompt: Option<String>,
+    /// Read the task from a file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Model for this teammate (overrides MODEL_ID).
+    #[arg(long)]
+    model: Option<String>,
+    /// Withhold bash/write_file/edit_file until a plan is approved.
+    #[arg(long)]
+    require_plan_approval: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
+    // Validate before touching anything.
+    AgentName::teammate(&a.name)?;
+    let prompt = match (a.prompt, a.prompt_file) {
+        (Some(p), _) => p,
+        (None, Some(f)) => std::fs::read_to_string(&f)
+            .with_context(|| format!("failed to read prompt file {}", f.display()))?,
+        (None, None) => anyhow::bail!("one of --prompt or --prompt-file is required"),
+    };
+    let team = TeamDir::create(team_dir)?;
+    let m = ops::spawn(
+        &team,
+        &SpawnSpec {
+            name: a.name,
+            role: a.role,
+            prompt,
+            model: a.model,
+            require_plan_approval: a.require_plan_approval,
+        },
+    )?;
+    if a.json {
+        println!("{}", json!({"name": m.name, "status": m.status}));
+    } else {
+        println!("{} {}", m.name, m.status);
+    }
+    Ok(0)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SendArgs {
+    name: String,
+    text: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn send(team: &TeamDir, a: SendArgs) -> anyhow::Result<u8> {
+    let id = ops::send(team, &a.name, &a.text)?;
+    print_id(a.json, "id", &id);
+    Ok(0)
+}
+
+fn print_id(as_json: bool, key: &str, id: &str) {
+    if as_json {
+        println!("{}", json!({ key: id }));
+    } else {
+        println!("{id}");
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BroadcastArgs {
+    text: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn broadcast(team: &TeamDir, a: BroadcastArgs) -> anyhow::Result<u8> {
+    let sent = ops::broadcast(team, &a.text)?;
+    if a.json {
+        let v: Vec<Value> = sent
+            .iter()
+            .map(|(n, id)| json!({"to": n, "id": id}))
+            .collect();
+        println!("{}", Value::Array(v));
+    } else {
+        for (n, id) in sent {
+            println!("{n} {id}");
+        }
+    }
+    Ok(0)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InboxArgs {
+    /// Show without consuming.
+    #[arg(long)]
+    peek: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn inbox(team: &TeamDir, a: InboxArgs) -> anyhow::Result<u8> {
+    let lead = AgentName::lead();
+    let inbox = Inbox::new(team, &lead);
+    let msgs: Vec<Message> = if a.peek {
+        inbox.peek()?
+    } else {
+        let (mut journal, _) = Journal::open(team, &lead)?;
+        inbox.drain(&mut journal)?
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&msgs)?);
+    } else {
+        for m in &msgs {
+            println!("{}", troupe::agent::conversation::render_message(m));
+        }
+    }
+    Ok(0)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
+    let cfg = Roster::new(team).load()?;
+    let pending = RequestStore::new(team).list(Some(RequestStatus::Pending))?;
+    let rows: Vec<Value> = cfg
+        .members
+        .iter()
+        .map(|m| {
+            let p: Vec<&str> = pending
+                .iter()
+                .filter(|r| r.to == m.name || r.from == m.name)
+                .map(|r| r.request_id.as_str())
+                .collect();
+            json!({
+                "name": m.name, "role": m.role, "status": m.status, "pid": m.pid,
+                "incarnation": m.incarnation, "restarts": m.restarts, "last_exit": m.last_exit,
+                "usage": m.usage, "calls": m.calls, "pending_requests": p, "reason": m.reason,
+            })
+        })
+        .collect();
+    if a.json {
+        println!("{}", json!({"team_name": cfg.team_name, "members": rows}));
+        return Ok(0);
+    }
+    println!(
+        "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  PENDING",
+        "NAME", "ROLE", "STATUS", "PID", "INC", "RESTARTS", "LAST_EXIT", "TOKENS"
+    );
+    for m in &cfg.members {
+        let tokens = m.usage.input_tokens + m.usage.output_tokens;
+        let p: Vec<&str> = pending
+            .iter()
+            .filter(|r| r.to == m.name || r.from == m.name)
+            .map(|r| r.request_id.as_str())
+            .collect();
+        println!(
+            "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  {}{}",
+            m.name,
+            m.role,
+            m.status,
+            m.pid.map_or("-".to_owned(), |p| p.to_string()),
+            m.incarnation,
+            m.restarts,
+            m.last_exit
+                .as_ref()
+                .map_or("-".to_owned(), |e| e.to_string()),
+            tokens,
+            if p.is_empty() {
+                "-".to_owned()
+            } else {
+                p.join(",")
+            },
+            m.reason
+                .as_ref()
+                .map_or(String::new(), |r| format!("  ({r})")),
+        );
+    }
+    Ok(0)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RequestsArgs {
+    /// Only requests in this status (pending, approved, rejected, expired).
+    #[arg(long)]
+    status: Option<RequestStatus>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn requests(team: &TeamDir, a: RequestsArgs) -> anyhow::Result<u8> {
+    let list = RequestStore::new(team).list(a.status)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&list)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<9} {:<14} {:<16} {:<16} {:<9}  DETAIL",
+        "ID", "KIND", "FROM", "TO", "STATUS"
+    );
+    for r in list {
+        let detail = r
+            .payload
+            .get("plan")
+            .or_else(|| r.payload.get("reason"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .replace('\n', " ");
+        let detail: String = detail.chars().take(60).collect();
+        println!(
+            "{:<9} {:<14} {:<16} {:<16} {:<9}  {detail}",
+            r.request_id,
+            r.kind.to_string(),
+            r.from,
+            r.to,
+            r.status.to_string()
+        );
+    }
+    Ok(0)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DecideArgs {
+    id: String,
+    #[arg(long)]
+    feedback: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn decide(team: &TeamDir, a: DecideArgs, approve: bool) -> anyhow::Result<u8> {
+    let fb = a.feedback.unwrap_or_default();
+    if !approve && fb.trim().is_empty() {
+        anyhow::bail!("reject needs --feedback TEXT: tell the teammate what to change");
+    }
+    let r = ops::decide_plan(team, &a.id, approve, &fb)?;
+    if a.json {
+        println!(
+            "{}",
+            json!({"request_id": r.request_id, "status": r.status})
+        );
+    } else {
+        println!("{} {}", r.request_id, r.status);
+    }
+    Ok(0)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShutdownArgs {
+    name: String,
+    /// Wait until the teammate has answered (and, if it approved, exited).
+    #[arg(long)]
+    wait: bool,
+    /// Seconds to wait with --wait, and the request's time to live.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    #[arg(long, default_value = "the lead asked you to shut down")]
+    reason: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn shutdown(team: &TeamDir, a: ShutdownArgs) -> anyhow::Result<u8> {
+    let ttl = Duration::from_secs(a.timeout);
+    let req = ops::request_shutdown(team, &a.name, &a.reason, ttl)?;
+    print_id(a.json, "request_id", &req.request_id);
+    if !a.wait {
+        return Ok(0);
+    }
+    let store = RequestStore::new(team);
+    let roster = Roster::new(team);
+    let deadline = Instant::now() + ttl;
+    loop {
+        let r = store.get(&req.request_id)?;
+        match r.status {
+            RequestStatus::Rejected => {
+                eprintln!(
+                    "lead: {} rejected the shutdown: {}",
+                    a.name,
+                    r.response_text().unwrap_or("no reason given")
+                );
+                return Ok(5);
+            }
+            RequestStatus::Approved => {
+                let m = roster.load()?.require(&a.name)?.clone();
+                if m.status == MemberStatus::Shutdown && !process_alive(team, &a.name) {
+                    return Ok(0);
+                }
+            }
+            RequestStatus::Expired => {
+                eprintln!(
+                    "lead: the shutdown request for {} expired unanswered",
+                    a.name
+                );
+                return Ok(124);
+            }
+            RequestStatus::Pending => {}
+        }
+        if Instant::now() >= deadline {
+            eprintln!("lead: timed out waiting for {} to shut down", a.name);
+            return Ok(124);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn process_alive(team: &TeamDir, name: &str) -> bool {
+    AgentName::teammate(name)
+        .ok()
+        .and_then(|n| troupe::fsutil::HeldLock::is_held(&team.transcript_lock(&n)).ok())
+        .unwrap_or(false)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    name: String,
+    /// Keep printing what is appended.
+    #[arg(long)]
+    follow: bool,
+}
+
+pub fn logs(team: &TeamDir, a: LogsArgs) -> anyhow::Result<u8> {
+    use std::io::{Read, Seek, Write};
+    let name = AgentName::any(&a.name)?;
+    if !name.is_lead() {
+        Roster::new(team).load()?.require(name.as_str())?;
+    }
+    let path = team.log(&name);
+    let mut out = std::io::stdout().lock();
+    let mut pos = 0u64;
+    loop {
+        if let Ok(mut f) = std::fs::File::open(&path) {
+            f.seek(std::io::SeekFrom::Start(pos))?;
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf)?;
+            pos += buf.len() as u64;
+            out.write_all(&buf)?;
+            out.flush()?;
+        }
+        if !a.follow {
+            return Ok(0);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,168 @@
+//! Team operations of the lead, shared by the scripting CLI and the LLM lead's tools: spawn,
+//! send, broadcast, shutdown requests and plan decisions. Each is the one place its rules live.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::config::{Member, MemberStatus, Roster};
+use crate::error::{Error, Result};
+use crate::events;
+use crate::inbox::{Durability, Inbox};
+use crate::mail::{self, Stopped};
+use crate::message::{Message, MessageType};
+use crate::requests::{NewRequest, Request, RequestKind, RequestStore};
+use crate::teamdir::{AgentName, LEAD, TeamDir};
+
+/// Default time a teammate has to answer a shutdown request.
+pub const SHUTDOWN_TTL: Duration = Duration::from_secs(60);
+
+/// What to spawn.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    pub name: String,
+    pub role: String,
+    pub prompt: String,
+    pub model: Option<String>,
+    pub require_plan_approval: bool,
+}
+
+/// Adds a member (status `spawning`, for the supervisor to start) or reactivates a stopped,
+/// shut-down or failed one (same name, transcript kept), and puts its task in its inbox as a
+/// `task_assignment`. An idle member just receives the new task. A working or already spawning
+/// member is refused.
+pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
+    let name = AgentName::teammate(&spec.name)?;
+    let member = Roster::new(team).update(|cfg| match cfg.member_mut(name.as_str()) {
+        Some(m) if matches!(m.status, MemberStatus::Working | MemberStatus::Spawning) => {
+            Err(Error::MemberConflict {
+                name: name.to_string(),
+                status: m.status.to_string(),
+                why: "it is already running or about to; send it a message instead",
+            })
+        }
+        Some(m) => {
+            if m.status != MemberStatus::Idle {
+                m.status = MemberStatus::Spawning;
+                m.reason = None;
+            }
+            m.role = spec.role.clone();
+            m.prompt = Some(spec.prompt.clone());
+            if spec.model.is_some() {
+                m.model = spec.model.clone();
+            }
+            m.require_plan_approval = spec.require_plan_approval;
+            m.plan_approved = false;
+            Ok(m.clone())
+        }
+        None => {
+            let mut m = Member::new(name.as_str(), &spec.role);
+            m.prompt = Some(spec.prompt.clone());
+            m.model = spec.model.clone();
+            m.require_plan_approval = spec.require_plan_approval;
+            cfg.members.push(m.clone());
+            Ok(m)
+        }
+    })?;
+    let task = Message::new(
+        MessageType::TaskAssignment,
+        LEAD,
+        name.as_str(),
+        spec.prompt.clone(),
+    );
+    Inbox::new(team, &name).append(&task, Durability::Sync)?;
+    events::log(
+        team,
+        "spawn_requested",
+        json!({"name": name, "role": spec.role, "status": member.status, "require_plan_approval": spec.require_plan_approval}),
+    );
+    Ok(member)
+}
+
+/// Sends a plain message from the lead; returns its id.
+pub fn send(team: &TeamDir, to: &str, text: &str) -> Result<String> {
+    let to = AgentName::teammate(to)?;
+    let msg = Message::new(MessageType::Message, LEAD, to.as_str(), text);
+    mail::send(team, &msg, Stopped::Accept, Durability::Sync)?;
+    Ok(msg.id)
+}
+
+/// Sends a broadcast to every member that has (or should have) a process; returns the
+/// `(name, id)` pairs.
+pub fn broadcast(team: &TeamDir, text: &str) -> Result<Vec<(String, String)>> {
+    let cfg = Roster::new(team).load()?;
+    let mut sent = Vec::new();
+    for m in cfg.members.iter().filter(|m| m.status.wants_process()) {
+        let msg = Message::new(MessageType::Broadcast, LEAD, &m.name, text);
+        mail::send(team, &msg, Stopped::Accept, Durability::Sync)?;
+        sent.push((m.name.clone(), msg.id));
+    }
+    Ok(sent)
+}
+
+/// Asks a running teammate to shut down: a pending request aimed at its current incarnation,
+/// and a `shutdown_request` message. Returns the request.
+pub fn request_shutdown(
+    team: &TeamDir,
+    name: &str,
+    reason: &str,
+    ttl: Duration,
+) -> Result<Request> {
+    let name = AgentName::teammate(name)?;
+    let cfg = Roster::new(team).load()?;
+    let m = cfg.require(name.as_str())?;
+    if !m.status.wants_process() {
+        return Err(Error::MemberConflict {
+            name: name.to_string(),
+            status: m.status.to_string(),
+            why: "it is not running",
+        });
+    }
+    let req = RequestStore::new(team).create(NewRequest {
+        kind: RequestKind::Shutdown,
+        from: LEAD.to_owned(),
+        to: name.to_string(),
+        payload: json!({"reason": reason}),
+        target_incarnation: Some(m.incarnation),
+        ttl: Some(ttl),
+    })?;
+    let mut msg = Message::new(MessageType::ShutdownRequest, LEAD, name.as_str(), reason)
+        .with_request(&req.request_id);
+    msg.reason = Some(reason.to_owned());
+    Inbox::new(team, &name).append(&msg, Durability::Sync)?;
+    events::log(
+        team,
+        "shutdown_requested",
+        json!({"name": name, "request_id": req.request_id, "target_incarnation": m.incarnation}),
+    );
+    Ok(req)
+}
+
+/// The lead's decision on a plan: resolves the request and tells the teammate.
+pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> Result<Request> {
+    let store = RequestStore::new(team);
+    let req = store.get(id)?;
+    if req.kind != RequestKind::PlanApproval {
+        return Err(Error::NotAddressee {
+            id: id.to_owned(),
+            to: req.to,
+            who: LEAD.to_owned(),
+        });
+    }
+    let req = store.resolve(id, LEAD, approve, json!({"feedback": feedback}))?;
+    let mut msg =
+        Message::new(MessageType::PlanApprovalResponse, LEAD, &req.from, feedback).with_request(id);
+    msg.approve = Some(approve);
+    msg.feedback = Some(feedback.to_owned());
+    Inbox::new(team, &AgentName::teammate(&req.from)?).append(&msg, Durability::Sync)?;
+    events::log(
+        team,
+        if approve {
+            "plan_approved"
+        } else {
+            "plan_rejected"
+        },
+        json!({"name": req.from, "request_id": id, "feedback": feedback}),
+    );
+    Ok(req)
+}
