@@ -6,6 +6,7 @@
 
 mod bench;
 mod commands;
+mod supervisor;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Supervise the team in the foreground until SIGTERM/SIGINT.
+    Run(supervisor::RunArgs),
     /// Add a teammate (or reactivate one) with its task; a supervisor starts it.
     Spawn(commands::SpawnArgs),
     /// Send a message from the lead to a teammate; prints the message id.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     let team = || troupe::TeamDir::open(&cli.team_dir);
     match cli.command {
+        Cmd::Run(a) => supervisor::run(&cli.team_dir, a),
         Cmd::Spawn(a) => commands::spawn(&cli.team_dir, a),
         Cmd::Send(a) => commands::send(&team()?, a),
         Cmd::Broadcast(a) => commands::broadcast(&team()?, a),

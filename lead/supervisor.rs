@@ -1,0 +1,508 @@
+//! `lead run`: the supervisor. It holds `lead.lock` for its life, starts one `worker` per member
+//! that should run, reaps them, restarts unexpected exits with backoff and an intensity limit,
+//! escalates expired shutdown requests, and stops the team gracefully on SIGTERM/SIGINT.
+//!
+//! Workers are forked from the main thread, which lives as long as the process, so their
+//! `PR_SET_PDEATHSIG` fires only when the lead itself dies. Children are reaped with
+//! `Child::try_wait` only (never `waitpid(-1)`), on every wake-up: SIGCHLD, a change in the team
+//! dir (inotify), a signal, or the next timer.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::json;
+use troupe::config::{ExitInfo, MemberStatus, Roster};
+use troupe::events;
+use troupe::fsutil::{self, HeldLock};
+use troupe::ops;
+use troupe::requests::{RequestKind, RequestStatus, RequestStore};
+use troupe::{AgentName, TeamDir};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Seconds to wait for teammates to approve the team-stop shutdown before SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    stop_timeout: u64,
+    /// Seconds between SIGTERM and SIGKILL for a worker that does not exit.
+    #[arg(long, default_value_t = 5)]
+    kill_grace: u64,
+    /// Working directory of the teammates (default: the current directory).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// Restarts allowed within --restart-window seconds before a member is marked failed.
+    #[arg(long, default_value_t = 5)]
+    max_restarts: usize,
+    #[arg(long, default_value_t = 60)]
+    restart_window: u64,
+}
+
+/// Exit codes after which a worker is never restarted.
+const NO_RESTART: [i32; 3] = [0, 64, 78];
+
+struct Running {
+    child: Child,
+    incarnation: u64,
+    started: Instant,
+    /// Set when the lead itself asked it to stop (expiry escalation or team stop).
+    stopping: bool,
+    kill_at: Option<Instant>,
+}
+
+struct Supervisor {
+    team: TeamDir,
+    roster: Roster,
+    requests: RequestStore,
+    worker_exe: PathBuf,
+    workdir: PathBuf,
+    args: RunArgs,
+    running: HashMap<String, Running>,
+    recent_restarts: HashMap<String, VecDeque<Instant>>,
+    backoff: HashMap<String, (Duration, Instant)>,
+}
+
+pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
+    let team = TeamDir::create(team_dir)?;
+    let Some(lock) = HeldLock::try_acquire(&team.lead_lock())? else {
+        return Err(troupe::Error::Locked {
+            what: "the supervisor lock (another `lead run` supervises this team dir)",
+            path: team.lead_lock(),
+        }
+        .into());
+    };
+    std::fs::write(team.lead_lock(), format!("{}\n", std::process::id()))
+        .context("failed to record the supervisor pid")?;
+    let workdir = match &args.workdir {
+        Some(w) => w.clone(),
+        None => std::env::current_dir().context("failed to read the current directory")?,
+    };
+    let worker_exe = std::env::current_exe()
+        .context("failed to find the lead binary")?
+        .with_file_name("worker");
+    let signals = Arc::new(AtomicUsize::new(0));
+    let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
+    wake_r.set_nonblocking(true)?;
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let s = signals.clone();
+        // SAFETY: the handler only does an atomic add (async-signal-safe).
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                if s.fetch_add(1, Ordering::SeqCst) >= 1 && sig == signal_hook::consts::SIGINT {
+                    // A second Ctrl-C: stop at once.
+                    signal_hook::low_level::exit(130);
+                }
+            })?;
+        }
+        signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)?;
+    }
+    signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, wake_w.try_clone()?)?;
+    let mut sup = Supervisor {
+        roster: Roster::new(&team),
+        requests: RequestStore::new(&team),
+        team,
+        worker_exe,
+        workdir,
+        args,
+        running: HashMap::new(),
+        recent_restarts: HashMap::new(),
+        backoff: HashMap::new(),
+    };
+    sup.reconcile_at_start()?;
+    events::log(
+        &sup.team,
+        "lead_started",
+        json!({"pid": std::process::id()}),
+    );
+    let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+    if let Some(n) = &notify {
+        let flags =
+            AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
+        let _ = n.add_watch(sup.team.root(), flags);
+        let _ = n.add_watch(&sup.team.requests_dir(), flags);
+    }
+    loop {
+        if signals.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        sup.tick()?;
+        let timeout = sup
+            .next_deadline()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        let mut fds = vec![PollFd::new(wake_r.as_fd(), PollFlags::POLLIN)];
+        if let Some(n) = &notify {
+            fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
+        }
+        let ms = timeout.as_millis().clamp(1, 1000) as i32;
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        );
+        drop(fds);
+        drain_pipe(&wake_r);
+        if let Some(n) = &notify {
+            while let Ok(evs) = n.read_events() {
+                if evs.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+    sup.stop_team()?;
+    events::log(
+        &sup.team,
+        "lead_stopped",
+        json!({"pid": std::process::id()}),
+    );
+    drop(lock);
+    Ok(0)
+}
+
+fn drain_pipe(r: &std::os::unix::net::UnixStream) {
+    use std::io::Read;
+    let mut buf = [0u8; 64];
+    let mut r = r;
+    while let Ok(n) = r.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+fn describe(status: &ExitStatus) -> ExitInfo {
+    ExitInfo {
+        code: status.code(),
+        signal: status.signal().map(|s| {
+            Signal::try_from(s).map_or(format!("signal {s}"), |sig| sig.as_str().to_owned())
+        }),
+    }
+}
+
+impl Supervisor {
+    /// Members recorded as running whose process is gone are started again (new incarnation);
+    /// a team stopped by `lead stop` resumes.
+    fn reconcile_at_start(&mut self) -> anyhow::Result<()> {
+        let cfg = self.roster.load()?;
+        for m in &cfg.members {
+            if m.status == MemberStatus::Stopped {
+                self.roster
+                    .update_member(&m.name, |mm| mm.status = MemberStatus::Spawning)?;
+            }
+            if m.status.wants_process() || m.status == MemberStatus::Stopped {
+                // An orphan of a dead lead still holding the teammate dies of PDEATHSIG; the new
+                // worker waits for its lock.
+                events::log(
+                    &self.team,
+                    "reconcile",
+                    json!({"name": m.name, "status": m.status, "pid": m.pid}),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self) -> anyhow::Result<()> {
+        self.reap()?;
+        self.start_wanted()?;
+        self.escalate_expired()?;
+        self.kill_stragglers();
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.backoff
+            .values()
+            .map(|(_, at)| *at)
+            .chain(self.running.values().filter_map(|r| r.kill_at))
+            .map(|t| t.saturating_duration_since(now))
+            .min()
+    }
+
+    fn reap(&mut self) -> anyhow::Result<()> {
+        let mut exited = Vec::new();
+        for (name, r) in &mut self.running {
+            if let Some(st) = r.child.try_wait()? {
+                exited.push((name.clone(), st));
+            }
+        }
+        for (name, st) in exited {
+            let r = self.running.remove(&name).expect("reaped child is tracked");
+            self.handle_exit(&name, r, st)?;
+        }
+        Ok(())
+    }
+
+    fn handle_exit(&mut self, name: &str, r: Running, st: ExitStatus) -> anyhow::Result<()> {
+        let info = describe(&st);
+        let code = st.code();
+        events::log(
+            &self.team,
+            "exit",
+            json!({"name": name, "incarnation": r.incarnation, "code": code, "signal": info.signal, "pid": r.child.id()}),
+        );
+        let now = Instant::now();
+        let window = Duration::from_secs(self.args.restart_window);
+        let (status, reason, restart) = if r.stopping {
+            // The lead asked (team stop or an expired shutdown): whatever the code, it stopped.
+            (MemberStatus::Stopped, None, false)
+        } else if code == Some(0) {
+            (MemberStatus::Shutdown, None, false)
+        } else if let Some(c) = code.filter(|c| NO_RESTART.contains(c)) {
+            (
+                MemberStatus::Failed,
+                Some(format!(
+                    "worker exited {c} ({}); not restarted, see `lead logs {name}`",
+                    if c == 64 {
+                        "usage error"
+                    } else {
+                        "configuration error"
+                    }
+                )),
+                false,
+            )
+        } else {
+            let q = self.recent_restarts.entry(name.to_owned()).or_default();
+            while q.front().is_some_and(|t| now.duration_since(*t) > window) {
+                q.pop_front();
+            }
+            if q.len() >= self.args.max_restarts {
+                (
+                    MemberStatus::Failed,
+                    Some(format!(
+                        "{} restarts within {} s (last exit: {info}); gave up",
+                        q.len(),
+                        window.as_secs()
+                    )),
+                    false,
+                )
+            } else {
+                q.push_back(now);
+                (MemberStatus::Spawning, None, true)
+            }
+        };
+        if restart {
+            let healthy = now.duration_since(r.started) >= Duration::from_secs(60);
+            let prev = self.backoff.get(name).map(|(d, _)| *d);
+            let delay = match prev {
+                Some(d) if !healthy => (d * 2).min(Duration::from_secs(60)),
+                _ => Duration::from_secs(1),
+            };
+            self.backoff.insert(name.to_owned(), (delay, now + delay));
+            events::log(
+                &self.team,
+                "restart_scheduled",
+                json!({"name": name, "in_secs": delay.as_secs_f64(), "last_exit": info}),
+            );
+        }
+        let last = info.clone();
+        self.roster.update_member(name, |m| {
+            // A worker that approved a shutdown already wrote `shutdown`.
+            m.status = status;
+            m.pid = None;
+            m.last_exit = Some(last);
+            if restart {
+                m.restarts += 1;
+            }
+            if reason.is_some() {
+                m.reason = reason.clone();
+            }
+        })?;
+        if status == MemberStatus::Failed {
+            events::log(
+                &self.team,
+                "failed",
+                json!({"name": name, "reason": reason}),
+            );
+        }
+        Ok(())
+    }
+
+    fn start_wanted(&mut self) -> anyhow::Result<()> {
+        let cfg = self.roster.load()?;
+        let now = Instant::now();
+        for m in cfg.members.iter().filter(|m| m.status.wants_process()) {
+            if self.running.contains_key(&m.name) {
+                continue;
+            }
+            if let Some((_, at)) = self.backoff.get(&m.name)
+                && *at > now
+            {
+                continue;
+            }
+            self.start(&m.name)?;
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, name: &str) -> anyhow::Result<()> {
+        let agent = AgentName::teammate(name)?;
+        let incarnation = self.roster.update_member(name, |m| {
+            m.incarnation += 1;
+            m.incarnation
+        })?;
+        fsutil::create_dir(&self.team.logs_dir())?;
+        let log = fsutil::open_append(&self.team.log(&agent))?;
+        let mut cmd = Command::new(&self.worker_exe);
+        cmd.arg("--team-dir")
+            .arg(self.team.root())
+            .args(["--name", name])
+            .arg("--workdir")
+            .arg(&self.workdir)
+            .current_dir(&self.workdir)
+            .env("TROUPE_PARENT_PID", std::process::id().to_string())
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        match cmd.spawn() {
+            Ok(child) => {
+                let pid = child.id();
+                self.roster.update_member(name, |m| m.pid = Some(pid))?;
+                events::log(
+                    &self.team,
+                    "spawn",
+                    json!({"name": name, "pid": pid, "incarnation": incarnation}),
+                );
+                self.running.insert(
+                    name.to_owned(),
+                    Running {
+                        child,
+                        incarnation,
+                        started: Instant::now(),
+                        stopping: false,
+                        kill_at: None,
+                    },
+                );
+                // A member that stays up a minute resets its backoff (see handle_exit).
+                if let Some((d, _)) = self.backoff.get(name).copied() {
+                    self.backoff.insert(
+                        name.to_owned(),
+                        (d, Instant::now() + Duration::from_secs(3600)),
+                    );
+                }
+            }
+            Err(e) => {
+                let why = format!("failed to start {}: {e}", self.worker_exe.display());
+                self.roster.update_member(name, |m| {
+                    m.status = MemberStatus::Failed;
+                    m.reason = Some(why.clone());
+                })?;
+                events::log(&self.team, "failed", json!({"name": name, "reason": why}));
+            }
+        }
+        Ok(())
+    }
+
+    /// Expired shutdown requests: mark them and SIGTERM the worker's group (SIGKILL later).
+    fn escalate_expired(&mut self) -> anyhow::Result<()> {
+        let now = fsutil::now();
+        for req in self.requests.list(Some(RequestStatus::Pending))? {
+            if req.kind != RequestKind::Shutdown || !req.is_due(now) {
+                continue;
+            }
+            if self.requests.expire_if_due(&req.request_id)?.is_none() {
+                continue;
+            }
+            let Some(r) = self.running.get_mut(&req.to) else {
+                continue;
+            };
+            if req.target_incarnation.is_some_and(|t| t != r.incarnation) {
+                // Aimed at an earlier incarnation: never stops the respawned teammate.
+                continue;
+            }
+            events::log(
+                &self.team,
+                "shutdown_escalated",
+                json!({"name": req.to, "request_id": req.request_id, "signal": "SIGTERM"}),
+            );
+            terminate(r, Duration::from_secs(self.args.kill_grace));
+        }
+        Ok(())
+    }
+
+    fn kill_stragglers(&mut self) {
+        let now = Instant::now();
+        for (name, r) in &mut self.running {
+            if r.kill_at.is_some_and(|t| now >= t) {
+                let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGKILL);
+                r.kill_at = None;
+                events::log(
+                    &self.team,
+                    "killed",
+                    json!({"name": name, "signal": "SIGKILL"}),
+                );
+            }
+        }
+    }
+
+    /// The graceful team stop: ask everyone, wait, SIGTERM, SIGKILL, mark `stopped`.
+    fn stop_team(&mut self) -> anyhow::Result<()> {
+        events::log(
+            &self.team,
+            "team_stop",
+            json!({"running": self.running.len()}),
+        );
+        let deadline = Instant::now() + Duration::from_secs(self.args.stop_timeout);
+        for r in self.running.values_mut() {
+            r.stopping = true;
+        }
+        for name in self.running.keys().cloned().collect::<Vec<_>>() {
+            if let Err(e) = ops::request_shutdown(
+                &self.team,
+                &name,
+                "the team is stopping",
+                Duration::from_secs(self.args.stop_timeout),
+            ) {
+                tracing::warn!("could not ask {name} to shut down: {e}");
+            }
+        }
+        let mut termed = false;
+        while !self.running.is_empty() {
+            self.reap()?;
+            if !termed && Instant::now() >= deadline {
+                for r in self.running.values_mut() {
+                    terminate(r, Duration::from_secs(self.args.kill_grace));
+                }
+                termed = true;
+            }
+            self.kill_stragglers();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Whoever did not approve is stopped; approvals already say `shutdown`.
+        self.roster.update(|cfg| {
+            for m in cfg.members.iter_mut().filter(|m| m.status.wants_process()) {
+                m.status = MemberStatus::Stopped;
+                m.pid = None;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+fn terminate(r: &mut Running, grace: Duration) {
+    r.stopping = true;
+    let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
+    r.kill_at.get_or_insert(Instant::now() + grace);
+}

@@ -1,0 +1,138 @@
+//! `lead run` with real workers against a fake LLM server: restart after kill -9, the restart
+//! limit, no restart after exit 78, and a graceful stop that leaves no process behind.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::fake_llm::{FakeLlm, Reply, anthropic_text};
+use support::team::{Team, wait_until};
+use troupe::config::MemberStatus;
+
+const T: Duration = Duration::from_secs(30);
+
+fn lead_cmd(team: &Team, url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
+    c.arg("--team-dir")
+        .arg(team.dir.root())
+        .args(args)
+        .current_dir(&team.workdir)
+        .env("TROUPE_PROVIDER", "anthropic")
+        .env("ANTHROPIC_API_KEY", "sk-test")
+        .env("ANTHROPIC_BASE_URL", url)
+        .env_remove("TROUPE_TEAM_DIR")
+        .stdin(Stdio::null());
+    c
+}
+
+struct Lead(Child);
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+}
+
+#[test]
+fn restart_after_kill_then_graceful_stop() {
+    let team = Team::new();
+    let fake = FakeLlm::start((0..20).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
+    let ok = lead_cmd(
+        &team,
+        &fake.url(),
+        &["spawn", "amy", "--role", "coder", "--prompt", "hi"],
+    )
+    .status()
+    .unwrap();
+    assert!(ok.success());
+    let mut lead = Lead(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["run", "--stop-timeout", "1", "--kill-grace", "1"],
+        )
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let first = wait_until(T, "amy idle", || {
+        let m = team.member("amy");
+        (m.status == MemberStatus::Idle).then_some(m)
+    });
+    assert_eq!(first.incarnation, 1);
+    let pid = first.pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let msg = team.send("amy", "are you back?");
+    let second = wait_until(T, "amy restarted", || {
+        let m = team.member("amy");
+        (m.incarnation == 2
+            && m.status == MemberStatus::Idle
+            && team.consumed_ids("amy").contains(&msg.id))
+        .then_some(m)
+    });
+    assert_eq!(second.restarts, 1);
+    assert_eq!(second.last_exit.unwrap().signal.as_deref(), Some("SIGKILL"));
+    let ids = team.consumed_ids("amy");
+    assert_eq!(ids.iter().filter(|i| **i == msg.id).count(), 1);
+    let pid2 = second.pid.unwrap();
+
+    // A second supervisor is refused with exit 4.
+    let o = lead_cmd(&team, &fake.url(), &["run"]).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lead.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = wait_until(T, "lead exit", || lead.0.try_wait().unwrap());
+    assert_eq!(st.code(), Some(0));
+    assert_eq!(team.status("amy"), MemberStatus::Stopped);
+    assert!(!alive(pid2), "worker left running");
+}
+
+#[test]
+fn config_error_is_not_restarted_and_crash_loops_end_failed() {
+    let team = Team::new();
+    let fake = FakeLlm::start([]);
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "bo", "--role", "r", "--prompt", "p"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let _lead = Lead(
+        lead_cmd(&team, &fake.url(), &["run"])
+            .env("ANTHROPIC_API_KEY", "")
+            .env("TROUPE_PROVIDER", "")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let m = wait_until(T, "bo failed", || {
+        let m = team.member("bo");
+        (m.status == MemberStatus::Failed).then_some(m)
+    });
+    assert_eq!(m.incarnation, 1, "exit 78 must not be restarted");
+    assert_eq!(m.last_exit.unwrap().code, Some(78));
+    assert!(m.reason.unwrap().contains("configuration error"));
+}
