@@ -136,3 +136,47 @@ fn config_error_is_not_restarted_and_crash_loops_end_failed() {
     assert_eq!(m.last_exit.unwrap().code, Some(78));
     assert!(m.reason.unwrap().contains("configuration error"));
 }
+
+#[test]
+fn repeated_kills_end_failed_with_the_reason_in_status() {
+    let team = Team::new();
+    let fake = FakeLlm::start((0..20).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "cy", "--role", "r", "--prompt", "p"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let _lead = Lead(
+        lead_cmd(&team, &fake.url(), &["run", "--max-restarts", "2"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for inc in 1..=3 {
+        let m = wait_until(T, "cy running", || {
+            let m = team.member("cy");
+            (m.incarnation == inc && m.pid.is_some() && m.status == MemberStatus::Idle).then_some(m)
+        });
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(m.pid.unwrap() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    }
+    let m = wait_until(T, "cy failed", || {
+        let m = team.member("cy");
+        (m.status == MemberStatus::Failed).then_some(m)
+    });
+    assert_eq!(m.restarts, 2);
+    let o = lead_cmd(&team, &fake.url(), &["status"]).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("failed") && table.contains("gave up") && table.contains("SIGKILL"),
+        "{table}"
+    );
+}
