@@ -6,6 +6,7 @@
 
 mod bench;
 mod commands;
+mod notify;
 mod supervisor;
 
 use std::path::PathBuf;
@@ -28,6 +29,8 @@ struct Cli {
 enum Cmd {
     /// Supervise the team in the foreground until SIGTERM/SIGINT.
     Run(supervisor::RunArgs),
+    /// Stop the team gracefully from another shell; returns when everything is down.
+    Stop(supervisor::StopArgs),
     /// Add a teammate (or reactivate one) with its task; a supervisor starts it.
     Spawn(commands::SpawnArgs),
     /// Send a message from the lead to a teammate; prints the message id.
@@ -81,7 +84,16 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     let team = || troupe::TeamDir::open(&cli.team_dir);
     match cli.command {
+        Cmd::Run(a) if a.detach => {
+            let rest: Vec<String> = std::env::args()
+                .skip_while(|x| x != "run")
+                .skip(1)
+                .filter(|x| x != "--detach")
+                .collect();
+            supervisor::detach(&cli.team_dir, &rest)
+        }
         Cmd::Run(a) => supervisor::run(&cli.team_dir, a),
+        Cmd::Stop(a) => supervisor::stop(&team()?, a),
         Cmd::Spawn(a) => commands::spawn(&cli.team_dir, a),
         Cmd::Send(a) => commands::send(&team()?, a),
         Cmd::Broadcast(a) => commands::broadcast(&team()?, a),

@@ -31,6 +31,9 @@ use troupe::{AgentName, TeamDir};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// Run in the background (logs in logs/lead.log); returns once the supervisor is ready.
+    #[arg(long)]
+    pub detach: bool,
     /// Seconds to wait for teammates to approve the team-stop shutdown before SIGTERM.
     #[arg(long, default_value_t = 30)]
     stop_timeout: u64,
@@ -130,15 +133,27 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         let _ = n.add_watch(sup.team.root(), flags);
         let _ = n.add_watch(&sup.team.requests_dir(), flags);
     }
+    let mut notifier = crate::notify::Notifier::from_env();
+    sup.tick()?;
+    // Ready: the lock is held and every member that should run has been started.
+    std::fs::write(
+        sup.team.lead_lock(),
+        format!("{} ready\n", std::process::id()),
+    )
+    .context("failed to record the supervisor pid")?;
+    notifier.ready(&sup.summary());
     loop {
         if signals.load(Ordering::SeqCst) > 0 {
             break;
         }
         sup.tick()?;
+        notifier.status(&sup.summary());
+        let ping = notifier.watchdog().unwrap_or(Duration::from_secs(1));
         let timeout = sup
             .next_deadline()
             .unwrap_or(Duration::from_secs(1))
-            .min(Duration::from_secs(1));
+            .min(Duration::from_secs(1))
+            .min(ping);
         let mut fds = vec![PollFd::new(wake_r.as_fd(), PollFlags::POLLIN)];
         if let Some(n) = &notify {
             fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
@@ -158,6 +173,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
             }
         }
     }
+    notifier.stopping();
     sup.stop_team()?;
     events::log(
         &sup.team,
@@ -209,6 +225,31 @@ impl Supervisor {
             }
         }
         Ok(())
+    }
+
+    /// One line for `STATUS=`: how many members are in each state.
+    fn summary(&self) -> String {
+        let Ok(cfg) = self.roster.load() else {
+            return "config.json unreadable".to_owned();
+        };
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for m in &cfg.members {
+            let k = m.status.to_string();
+            match counts.iter_mut().find(|(s, _)| *s == k) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((k, 1)),
+            }
+        }
+        let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        format!(
+            "{} members: {}",
+            cfg.members.len(),
+            if parts.is_empty() {
+                "none".into()
+            } else {
+                parts.join(", ")
+            }
+        )
     }
 
     fn tick(&mut self) -> anyhow::Result<()> {
@@ -505,4 +546,88 @@ fn terminate(r: &mut Running, grace: Duration) {
     r.stopping = true;
     let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
     r.kill_at.get_or_insert(Instant::now() + grace);
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    /// Seconds to wait for the supervisor to stop the team and exit.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+/// `lead stop`: SIGTERM to the supervisor (the graceful team stop), and wait until it is gone.
+pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
+    let lock = team.lead_lock();
+    if !HeldLock::is_held(&lock)? {
+        return Err(troupe::Error::MemberConflict {
+            name: "lead".into(),
+            status: "not running".into(),
+            why: "no supervisor holds this team dir",
+        }
+        .into());
+    }
+    let text = std::fs::read_to_string(&lock).context("failed to read lead.lock")?;
+    let pid: i32 = text
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("lead.lock holds no pid")?;
+    nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM)
+        .with_context(|| format!("failed to signal the supervisor (pid {pid})"))?;
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    while HeldLock::is_held(&lock)? {
+        if Instant::now() >= deadline {
+            eprintln!(
+                "lead: the supervisor (pid {pid}) is still running after {} s",
+                a.timeout
+            );
+            return Ok(124);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(0)
+}
+
+/// `lead run --detach`: starts the supervisor in the background (its own session, output to
+/// `logs/lead.log`) and returns once it is ready.
+pub fn detach(team_dir: &std::path::Path, args: &[String]) -> anyhow::Result<u8> {
+    let team = TeamDir::create(team_dir)?;
+    let log = fsutil::open_append(&team.log(&AgentName::lead()))?;
+    let exe = std::env::current_exe().context("failed to find the lead binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--team-dir")
+        .arg(team.root())
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log));
+    // SAFETY: setsid is async-signal-safe; it runs in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("failed to start the supervisor")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = child.try_wait()? {
+            anyhow::bail!(
+                "the supervisor exited during start-up ({st}); see {}",
+                team.log(&AgentName::lead()).display()
+            );
+        }
+        let ready = std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
+            t.split_whitespace().next() == Some(&child.id().to_string()) && t.contains("ready")
+        });
+        if ready {
+            println!("{}", child.id());
+            return Ok(0);
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("the supervisor did not become ready within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -35,8 +35,14 @@ impl Drop for Lead {
     }
 }
 
+/// Whether `pid` is a live process (a zombie waiting for its reaper counts as gone).
 fn alive(pid: u32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
 #[test]
@@ -179,4 +185,110 @@ fn repeated_kills_end_failed_with_the_reason_in_status() {
         table.contains("failed") && table.contains("gave up") && table.contains("SIGKILL"),
         "{table}"
     );
+}
+
+#[test]
+fn systemd_notify_ready_and_stopping() {
+    let team = Team::new();
+    let fake = FakeLlm::start((0..5).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "dee", "--role", "r", "--prompt", "p"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let sock_path = team.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    let mut lead = Lead(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["run", "--stop-timeout", "1", "--kill-grace", "1"],
+        )
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let mut buf = [0u8; 4096];
+    let n = sock.recv(&mut buf).unwrap();
+    let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(first.starts_with("READY=1\nSTATUS=1 members"), "{first}");
+    let pid = wait_until(T, "dee started", || team.member("dee").pid);
+    // Workers do not inherit NOTIFY_SOCKET.
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(!String::from_utf8_lossy(&env).contains("NOTIFY_SOCKET"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lead.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m.starts_with("STOPPING=1")) {
+        let n = sock.recv(&mut buf).unwrap();
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let st = wait_until(T, "lead exit", || lead.0.try_wait().unwrap());
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn detach_then_stop_from_another_shell() {
+    let team = Team::new();
+    let fake = FakeLlm::start((0..5).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "eve", "--role", "r", "--prompt", "p"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let o = lead_cmd(
+        &team,
+        &fake.url(),
+        &[
+            "run",
+            "--detach",
+            "--stop-timeout",
+            "1",
+            "--kill-grace",
+            "1",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lead_pid: u32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!(alive(lead_pid));
+    let m = wait_until(T, "eve idle", || {
+        let m = team.member("eve");
+        (m.status == MemberStatus::Idle).then_some(m)
+    });
+    let o = lead_cmd(&team, &fake.url(), &["stop"]).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(team.status("eve"), MemberStatus::Stopped);
+    wait_until(T, "processes gone", || {
+        (!alive(m.pid.unwrap()) && !alive(lead_pid)).then_some(())
+    });
+    assert!(team.dir.log(&troupe::AgentName::lead()).exists());
+    let o = lead_cmd(&team, &fake.url(), &["stop"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(4), "stop without a supervisor");
 }

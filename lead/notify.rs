@@ -1,0 +1,72 @@
+//! The systemd notification protocol (`sd_notify`): newline-separated `KEY=value` in one datagram
+//! to the unix socket named by `NOTIFY_SOCKET` (a leading `@` is the abstract namespace).
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::time::{Duration, Instant};
+
+/// A connection to systemd's notify socket; every call is a no-op without `NOTIFY_SOCKET`.
+pub struct Notifier {
+    target: Option<(UnixDatagram, SocketAddr)>,
+    watchdog: Option<Duration>,
+    last_ping: Instant,
+    last_status: String,
+}
+
+impl Notifier {
+    /// Reads `NOTIFY_SOCKET` and `WATCHDOG_USEC` from the environment.
+    pub fn from_env() -> Notifier {
+        let target = std::env::var("NOTIFY_SOCKET").ok().and_then(|p| {
+            let addr = match p.strip_prefix('@') {
+                Some(abs) => SocketAddr::from_abstract_name(abs.as_bytes()).ok()?,
+                None => SocketAddr::from_pathname(&p).ok()?,
+            };
+            Some((UnixDatagram::unbound().ok()?, addr))
+        });
+        let watchdog = std::env::var("WATCHDOG_USEC")
+            .ok()
+            .and_then(|u| u.parse::<u64>().ok())
+            .map(|us| Duration::from_micros(us / 2));
+        Notifier {
+            target,
+            watchdog,
+            last_ping: Instant::now(),
+            last_status: String::new(),
+        }
+    }
+
+    fn send(&self, msg: &str) {
+        if let Some((sock, addr)) = &self.target
+            && let Err(e) = sock.send_to_addr(msg.as_bytes(), addr)
+        {
+            tracing::warn!("sd_notify failed: {e}");
+        }
+    }
+
+    pub fn ready(&self, status: &str) {
+        self.send(&format!("READY=1\nSTATUS={status}"));
+    }
+
+    pub fn stopping(&self) {
+        self.send("STOPPING=1\nSTATUS=stopping the team");
+    }
+
+    /// Sends `STATUS=` when it changed.
+    pub fn status(&mut self, status: &str) {
+        if status != self.last_status {
+            self.send(&format!("STATUS={status}"));
+            self.last_status = status.to_owned();
+        }
+    }
+
+    /// Sends `WATCHDOG=1` when half the watchdog interval has passed; returns the time until the
+    /// next ping is due.
+    pub fn watchdog(&mut self) -> Option<Duration> {
+        let every = self.watchdog?;
+        if self.last_ping.elapsed() >= every {
+            self.send("WATCHDOG=1");
+            self.last_ping = Instant::now();
+        }
+        Some(every.saturating_sub(self.last_ping.elapsed()))
+    }
+}
