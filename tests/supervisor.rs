@@ -292,3 +292,140 @@ fn detach_then_stop_from_another_shell() {
     let o = lead_cmd(&team, &fake.url(), &["stop"]).output().unwrap();
     assert_eq!(o.status.code(), Some(4), "stop without a supervisor");
 }
+
+#[test]
+fn kill_minus_nine_of_the_lead_takes_workers_down_and_a_new_lead_resumes() {
+    let team = Team::new();
+    let fake = FakeLlm::start((0..10).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "fox", "--role", "r", "--prompt", "p"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let mut lead = Lead(
+        lead_cmd(&team, &fake.url(), &["run"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let m = wait_until(T, "fox idle", || {
+        let m = team.member("fox");
+        (m.status == MemberStatus::Idle).then_some(m)
+    });
+    lead.0.kill().unwrap();
+    lead.0.wait().unwrap();
+    let worker = m.pid.unwrap();
+    wait_until(T, "orphan worker gone", || (!alive(worker)).then_some(()));
+    let msg = team.send("fox", "sent while the lead was down");
+    let _lead2 = Lead(
+        lead_cmd(&team, &fake.url(), &["run"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(T, "fox resumed", || {
+        let m = team.member("fox");
+        (m.incarnation == 2
+            && m.status == MemberStatus::Idle
+            && team.consumed_ids("fox").contains(&msg.id))
+        .then_some(())
+    });
+    assert_eq!(
+        team.consumed_ids("fox")
+            .iter()
+            .filter(|i| **i == msg.id)
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn an_unanswered_shutdown_expires_and_escalates_but_a_stale_one_stops_nobody() {
+    let team = Team::new();
+    // The model never calls shutdown_response: it only ever answers with text.
+    let fake = FakeLlm::start((0..20).map(|i| Reply::ok(anthropic_text(&format!("ignoring {i}")))));
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "gil", "--role", "r", "--prompt", "p"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let _lead = Lead(
+        lead_cmd(&team, &fake.url(), &["run", "--kill-grace", "1"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(T, "gil idle", || {
+        (team.status("gil") == MemberStatus::Idle).then_some(())
+    });
+    let o = lead_cmd(
+        &team,
+        &fake.url(),
+        &["shutdown", "gil", "--timeout", "1", "--json"],
+    )
+    .output()
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rid = v["request_id"].as_str().unwrap().to_owned();
+    wait_until(T, "gil stopped by escalation", || {
+        (team.status("gil") == MemberStatus::Stopped).then_some(())
+    });
+    let store = troupe::requests::RequestStore::new(&team.dir);
+    assert_eq!(
+        store.get(&rid).unwrap().status,
+        troupe::requests::RequestStatus::Expired
+    );
+    let events = troupe::events::read_all(&team.dir).unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "shutdown_escalated" && e["request_id"] == rid)
+    );
+
+    // Respawn (incarnation 2); a stale pending request aimed at incarnation 1 expires without
+    // touching it.
+    let stale = store
+        .create(troupe::requests::NewRequest {
+            kind: troupe::requests::RequestKind::Shutdown,
+            from: "lead".into(),
+            to: "gil".into(),
+            payload: serde_json::json!({"reason": "old"}),
+            target_incarnation: Some(1),
+            ttl: Some(Duration::from_secs(1)),
+        })
+        .unwrap();
+    assert!(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["spawn", "gil", "--role", "r", "--prompt", "again"]
+        )
+        .status()
+        .unwrap()
+        .success()
+    );
+    let m = wait_until(T, "gil back", || {
+        let m = team.member("gil");
+        (m.incarnation == 2 && m.status == MemberStatus::Idle).then_some(m)
+    });
+    wait_until(T, "stale request expired", || {
+        (store.get(&stale.request_id).unwrap().status == troupe::requests::RequestStatus::Expired)
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        alive(m.pid.unwrap()),
+        "a stale request stopped the respawned teammate"
+    );
+    assert_eq!(team.status("gil"), MemberStatus::Idle);
+}
