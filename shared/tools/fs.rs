@@ -52,6 +52,11 @@ impl Workdir {
         let mut existing = norm.clone();
         let mut rest = Vec::new();
         while !existing.exists() {
+            if existing.symlink_metadata().is_ok() {
+                // A dangling symlink: writing through it would create its target, wherever
+                // that is.
+                return Err(escape());
+            }
             match existing.file_name() {
                 Some(n) => rest.push(n.to_owned()),
                 None => break,
@@ -174,6 +179,11 @@ mod tests {
             );
         }
         std::os::unix::fs::symlink("/etc", tmp.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("/tmp/troupe-outside-target", tmp.path().join("dangling"))
+            .unwrap();
+        assert!(wd.resolve("dangling").is_err());
+        assert!(write_file(&wd, &json!({"path": "dangling", "content": "x"})).is_error);
+        assert!(!std::path::Path::new("/tmp/troupe-outside-target").exists());
         assert!(wd.resolve("link/passwd").is_err());
         let out = read_file(&wd, &json!({"path": "../../etc/passwd"}));
         assert!(out.is_error);

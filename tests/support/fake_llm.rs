@@ -104,6 +104,7 @@ struct State {
     /// How long a request waits for a reply when the script is empty.
     patience: Duration,
     script: VecDeque<Reply>,
+    routes: std::collections::HashMap<String, VecDeque<Reply>>,
     requests: Vec<Recorded>,
 }
 
@@ -122,6 +123,7 @@ impl FakeLlm {
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(Mutex::new(State {
             patience: Duration::ZERO,
+            routes: Default::default(),
             script: script.into_iter().collect(),
             requests: Vec::new(),
         }));
@@ -157,6 +159,24 @@ impl FakeLlm {
     pub fn patient(self, d: Duration) -> Self {
         self.lock().patience = d;
         self
+    }
+
+    /// Appends to the script of requests for `model`.
+    pub fn push_for(&self, model: &str, reply: Reply) {
+        self.lock()
+            .routes
+            .entry(model.to_owned())
+            .or_default()
+            .push_back(reply);
+    }
+
+    /// Requests received for `model`.
+    pub fn requests_for(&self, model: &str) -> usize {
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.body["model"] == model)
+            .count()
     }
 
     /// Appends to the script.
@@ -198,21 +218,24 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let Some(request) = read_request(&stream) else {
         return;
     };
+    // A request whose model has a routed script is answered from it (several agents sharing
+    // one server, each with its own model id); anything else from the main script.
+    let model = request.body["model"].as_str().unwrap_or("").to_owned();
+    let pop = |state: &mut State| match state.routes.get_mut(&model) {
+        Some(q) => q.pop_front(),
+        None => state.script.pop_front(),
+    };
     let (mut reply, patience) = {
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests.push(request);
-        (state.script.pop_front(), state.patience)
+        (pop(&mut state), state.patience)
     };
     // A patient server waits a while for the test to push the reply this request needs (for
     // replies that quote ids only known once the request exists).
     let deadline = std::time::Instant::now() + patience;
     while reply.is_none() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
-        reply = state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .script
-            .pop_front();
+        reply = pop(&mut state.lock().unwrap_or_else(|p| p.into_inner()));
     }
     let reply = reply.unwrap_or_else(|| {
         Reply::json(
