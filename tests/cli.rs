@@ -220,3 +220,57 @@ fn spawn_send_plan_review_and_shutdown_wait_through_the_cli() {
     assert_eq!(w.wait(Duration::from_secs(10)).code(), Some(0));
     assert_eq!(team.status("ann"), MemberStatus::Shutdown);
 }
+
+#[test]
+fn broadcast_peek_and_logs() {
+    let team = Team::new();
+    for n in ["ann", "ben"] {
+        assert_eq!(
+            code(&lead(&team, &["spawn", n, "--role", "r", "--prompt", "p"])),
+            0
+        );
+    }
+    let o = lead(&team, &["broadcast", "all hands", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let sent: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(sent.as_array().unwrap().len(), 2);
+    for n in ["ann", "ben"] {
+        let inbox = troupe::inbox::Inbox::new(&team.dir, &troupe::AgentName::teammate(n).unwrap());
+        let msgs = inbox.peek().unwrap();
+        assert!(
+            msgs.iter()
+                .any(|m| m.kind == troupe::message::MessageType::Broadcast
+                    && m.content == "all hands")
+        );
+    }
+    assert_eq!(stdout(&lead(&team, &["inbox", "--peek", "--json"])), "[]");
+    std::fs::write(
+        team.dir.log(&troupe::AgentName::teammate("ann").unwrap()),
+        "line one\n",
+    )
+    .unwrap();
+    assert_eq!(stdout(&lead(&team, &["logs", "ann"])), "line one");
+    assert_eq!(code(&lead(&team, &["logs", "zed"])), 3);
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_lead"))
+        .arg("--team-dir")
+        .arg(team.dir.root())
+        .args(["logs", "ann", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(team.dir.log(&troupe::AgentName::teammate("ann").unwrap()))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"line two\n"))
+        .unwrap();
+    let mut out = follow.stdout.take().unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while !String::from_utf8_lossy(&got).contains("line two") {
+        let n = std::io::Read::read(&mut out, &mut buf).unwrap();
+        assert!(n > 0, "logs --follow ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+}

@@ -158,13 +158,14 @@ fn repeated_kills_end_failed_with_the_reason_in_status() {
         .success()
     );
     let _lead = Lead(
-        lead_cmd(&team, &fake.url(), &["run", "--max-restarts", "2"])
+        // Default policy: 5 restarts within 60 s; backoff 1+2+4+8+16 s keeps 6 kills inside it.
+        lead_cmd(&team, &fake.url(), &["run"])
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    for inc in 1..=3 {
-        let m = wait_until(T, "cy running", || {
+    for inc in 1..=6 {
+        let m = wait_until(Duration::from_secs(40), "cy running", || {
             let m = team.member("cy");
             (m.incarnation == inc && m.pid.is_some() && m.status == MemberStatus::Idle).then_some(m)
         });
@@ -178,7 +179,8 @@ fn repeated_kills_end_failed_with_the_reason_in_status() {
         let m = team.member("cy");
         (m.status == MemberStatus::Failed).then_some(m)
     });
-    assert_eq!(m.restarts, 2);
+    assert_eq!(m.restarts, 5);
+    assert_eq!(m.incarnation, 6);
     let o = lead_cmd(&team, &fake.url(), &["status"]).output().unwrap();
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
