@@ -4,31 +4,17 @@
 
 mod support;
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
-use support::team::{Team, wait_until};
+use support::team::{Bg, Team, alive, lead_cmd as lead, wait_until};
 
 const T: Duration = Duration::from_secs(30);
 const USAGE: &str = r#"{"input_tokens":3,"output_tokens":2}"#;
-
-fn lead(team: &Team, url: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
-    c.arg("--team-dir")
-        .arg(team.dir.root())
-        .args(args)
-        .current_dir(&team.workdir)
-        .env("TROUPE_PROVIDER", "anthropic")
-        .env("ANTHROPIC_API_KEY", "sk-test")
-        .env("ANTHROPIC_BASE_URL", url)
-        .env_remove("TROUPE_TEAM_DIR")
-        .stdin(Stdio::null());
-    c
-}
 
 fn out(c: &mut Command) -> Output {
     c.output().unwrap()
@@ -45,21 +31,6 @@ fn tool(name: &str, input: &str) -> Reply {
         "tool_use",
         USAGE,
     ))
-}
-
-struct Bg(Child);
-impl Drop for Bg {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
-    })
 }
 
 #[test]

@@ -3,47 +3,19 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use support::fake_llm::{FakeLlm, Reply, anthropic_text};
-use support::team::{Team, wait_until};
+use support::team::{Bg as Lead, Team, alive as alive_pid, lead_cmd, wait_until};
+
 use troupe::config::MemberStatus;
 
-const T: Duration = Duration::from_secs(30);
-
-fn lead_cmd(team: &Team, url: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
-    c.arg("--team-dir")
-        .arg(team.dir.root())
-        .args(args)
-        .current_dir(&team.workdir)
-        .env("TROUPE_PROVIDER", "anthropic")
-        .env("ANTHROPIC_API_KEY", "sk-test")
-        .env("ANTHROPIC_BASE_URL", url)
-        .env_remove("TROUPE_TEAM_DIR")
-        .stdin(Stdio::null());
-    c
-}
-
-struct Lead(Child);
-
-impl Drop for Lead {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Whether `pid` is a live process (a zombie waiting for its reaper counts as gone).
 fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+    alive_pid(u64::from(pid))
 }
+
+const T: Duration = Duration::from_secs(30);
 
 #[test]
 fn restart_after_kill_then_graceful_stop() {

@@ -184,3 +184,36 @@ impl Drop for Worker {
 pub fn bodies(reqs: &[super::fake_llm::Recorded]) -> Vec<Value> {
     reqs.iter().map(|r| r.body.clone()).collect()
 }
+
+/// A `lead` command on `team`, in its working dir, with an Anthropic provider at `url`.
+pub fn lead_cmd(team: &Team, url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
+    c.arg("--team-dir")
+        .arg(team.dir.root())
+        .args(args)
+        .current_dir(&team.workdir)
+        .env("TROUPE_PROVIDER", "anthropic")
+        .env("ANTHROPIC_API_KEY", "sk-test")
+        .env("ANTHROPIC_BASE_URL", url)
+        .env_remove("TROUPE_TEAM_DIR")
+        .stdin(Stdio::null());
+    c
+}
+
+/// A background process (a supervisor) killed and reaped on drop.
+pub struct Bg(pub Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether `pid` is a live process (a zombie waiting for its reaper counts as gone).
+pub fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
