@@ -147,15 +147,20 @@ fn three_teammates_plans_shutdowns_and_stop_through_the_cli() {
     all_idle(3);
 
     // bob approves a shutdown (--wait: 0), cat rejects one (--wait: 5).
-    let answer = |model: &'static str, approve: bool| {
-        let f = &fake;
-        let t = &team;
-        let u = url.clone();
-        move || {
+    // `lead shutdown NAME --wait`, answered by the teammate's model once the request exists.
+    let shutdown_wait = |name: &str, model: &str, approve: bool| {
+        std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                out(&mut lead(
+                    &team,
+                    &url,
+                    &["shutdown", name, "--wait", "--timeout", "20"],
+                ))
+            });
             let rid = wait_until(T, "shutdown request", || {
                 let v = json(&out(&mut lead(
-                    t,
-                    &u,
+                    &team,
+                    &url,
                     &["requests", "--status", "pending", "--json"],
                 )));
                 v.as_array()
@@ -168,26 +173,17 @@ fn three_teammates_plans_shutdowns_and_stop_through_the_cli() {
                 r#"{{"request_id":"{}","approve":{approve},"reason":"because"}}"#,
                 rid["request_id"].as_str().unwrap()
             );
-            f.push_for(model, tool("shutdown_response", &input));
+            fake.push_for(model, tool("shutdown_response", &input));
             if !approve {
-                f.push_for(model, Reply::ok(anthropic_text("staying")));
+                fake.push_for(model, Reply::ok(anthropic_text("staying")));
             }
-        }
+            h.join().unwrap()
+        })
     };
     let bob_pid = members.iter().find(|m| m["name"] == "bob").unwrap()["pid"]
         .as_u64()
         .unwrap();
-    let o = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            out(&mut lead(
-                &team,
-                &url,
-                &["shutdown", "bob", "--wait", "--timeout", "20"],
-            ))
-        });
-        answer("m-bob", true)();
-        h.join().unwrap()
-    });
+    let o = shutdown_wait("bob", "m-bob", true);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -204,17 +200,7 @@ fn three_teammates_plans_shutdowns_and_stop_through_the_cli() {
         .clone();
     assert_eq!(bob["status"], "shutdown");
     assert!(!alive(bob_pid));
-    let o = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            out(&mut lead(
-                &team,
-                &url,
-                &["shutdown", "cat", "--wait", "--timeout", "20"],
-            ))
-        });
-        answer("m-cat", false)();
-        h.join().unwrap()
-    });
+    let o = shutdown_wait("cat", "m-cat", false);
     assert_eq!(
         o.status.code(),
         Some(5),

@@ -17,6 +17,18 @@ fn alive(pid: u32) -> bool {
 
 const T: Duration = Duration::from_secs(30);
 
+/// `lead spawn NAME --role r --prompt PROMPT`, which must succeed.
+fn spawn(team: &Team, url: &str, name: &str, prompt: &str) {
+    let st = lead_cmd(
+        team,
+        url,
+        &["spawn", name, "--role", "r", "--prompt", prompt],
+    )
+    .status()
+    .unwrap();
+    assert!(st.success(), "spawn {name}: {st}");
+}
+
 #[test]
 fn restart_after_kill_then_graceful_stop() {
     let team = Team::new();
@@ -88,16 +100,7 @@ fn restart_after_kill_then_graceful_stop() {
 fn config_error_is_not_restarted_and_crash_loops_end_failed() {
     let team = Team::new();
     let fake = FakeLlm::start([]);
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "bo", "--role", "r", "--prompt", "p"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "bo", "p");
     let _lead = Lead(
         lead_cmd(&team, &fake.url(), &["run"])
             .env("ANTHROPIC_API_KEY", "")
@@ -119,16 +122,7 @@ fn config_error_is_not_restarted_and_crash_loops_end_failed() {
 fn repeated_kills_end_failed_with_the_reason_in_status() {
     let team = Team::new();
     let fake = FakeLlm::start((0..20).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "cy", "--role", "r", "--prompt", "p"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "cy", "p");
     let _lead = Lead(
         // Default policy: 5 restarts within 60 s; backoff 1+2+4+8+16 s keeps 6 kills inside it.
         lead_cmd(&team, &fake.url(), &["run"])
@@ -165,16 +159,7 @@ fn repeated_kills_end_failed_with_the_reason_in_status() {
 fn systemd_notify_ready_and_stopping() {
     let team = Team::new();
     let fake = FakeLlm::start((0..5).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "dee", "--role", "r", "--prompt", "p"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "dee", "p");
     let sock_path = team.path().join("notify.sock");
     let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(T)).unwrap();
@@ -215,16 +200,7 @@ fn systemd_notify_ready_and_stopping() {
 fn detach_then_stop_from_another_shell() {
     let team = Team::new();
     let fake = FakeLlm::start((0..5).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "eve", "--role", "r", "--prompt", "p"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "eve", "p");
     let o = lead_cmd(
         &team,
         &fake.url(),
@@ -271,16 +247,7 @@ fn detach_then_stop_from_another_shell() {
 fn kill_minus_nine_of_the_lead_takes_workers_down_and_a_new_lead_resumes() {
     let team = Team::new();
     let fake = FakeLlm::start((0..10).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "fox", "--role", "r", "--prompt", "p"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "fox", "p");
     let mut lead = Lead(
         lead_cmd(&team, &fake.url(), &["run"])
             .stderr(Stdio::null())
@@ -323,16 +290,7 @@ fn an_unanswered_shutdown_expires_and_escalates_but_a_stale_one_stops_nobody() {
     let team = Team::new();
     // The model never calls shutdown_response: it only ever answers with text.
     let fake = FakeLlm::start((0..20).map(|i| Reply::ok(anthropic_text(&format!("ignoring {i}")))));
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "gil", "--role", "r", "--prompt", "p"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "gil", "p");
     let _lead = Lead(
         lead_cmd(&team, &fake.url(), &["run", "--kill-grace", "1"])
             .stderr(Stdio::null())
@@ -378,16 +336,7 @@ fn an_unanswered_shutdown_expires_and_escalates_but_a_stale_one_stops_nobody() {
             ttl: Some(Duration::from_secs(1)),
         })
         .unwrap();
-    assert!(
-        lead_cmd(
-            &team,
-            &fake.url(),
-            &["spawn", "gil", "--role", "r", "--prompt", "again"]
-        )
-        .status()
-        .unwrap()
-        .success()
-    );
+    spawn(&team, &fake.url(), "gil", "again");
     let m = wait_until(T, "gil back", || {
         let m = team.member("gil");
         (m.incarnation == 2 && m.status == MemberStatus::Idle).then_some(m)
