@@ -3,8 +3,11 @@
 //! A message to an unknown name, or to a teammate that is shut down or failed (whose inbox
 //! nobody will read), is an error returned to the sender rather than a silent orphan inbox.
 
+use serde_json::json;
+
 use crate::config::Roster;
 use crate::error::{Error, Result};
+use crate::events;
 use crate::inbox::{Durability, Inbox};
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
@@ -34,5 +37,12 @@ pub fn send(team: &TeamDir, msg: &Message, stopped: Stopped, durability: Durabil
             });
         }
     }
-    Inbox::new(team, &to).append(msg, durability)
+    Inbox::new(team, &to).append(msg, durability)?;
+    let preview: String = msg.content.chars().take(200).collect();
+    events::log(
+        team,
+        "message",
+        json!({"from": msg.from, "to": msg.to, "type": msg.kind, "id": msg.id, "text": preview}),
+    );
+    Ok(())
 }

@@ -52,6 +52,8 @@ pub enum Entry {
     Handled { ids: Vec<String>, at: f64 },
     /// The agent finished an activation and went idle.
     Idle { at: f64 },
+    /// What the person said to the LLM lead (`lead chat`): a user turn of its own.
+    User { text: String, at: f64 },
 }
 
 /// An open journal: an append descriptor plus the set of inbox ids already recorded.

@@ -120,6 +120,16 @@ impl Rebuilt {
                 self.idle = true;
                 self.calls_this_activation = 0;
             }
+            Entry::User { text, .. } => {
+                // Messages consumed before the person spoke come first, in the same user turn.
+                self.flush_unseen();
+                push(
+                    &mut self.messages,
+                    Role::User,
+                    vec![Block::Text { text: text.clone() }],
+                );
+                self.idle = false;
+            }
         }
     }
 

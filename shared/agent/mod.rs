@@ -1,4 +1,5 @@
 //! The agent loop shared by teammates (the `worker` binary) and the LLM lead.
 
 pub mod conversation;
+pub mod lead;
 pub mod teammate;

@@ -70,6 +70,8 @@ pub struct Teammate {
     plan_gate: bool,
     gate_open: bool,
     shutdown_approved: bool,
+    /// The status this process last wrote, so an unchanged status costs no roster write.
+    status: Option<MemberStatus>,
     term: Arc<AtomicBool>,
 }
 
@@ -109,6 +111,7 @@ impl Teammate {
             plan_gate: member.require_plan_approval,
             gate_open: false,
             shutdown_approved: false,
+            status: None,
             s,
             provider,
             journal,
@@ -144,7 +147,10 @@ impl Teammate {
         self.term.load(Ordering::SeqCst)
     }
 
-    fn set_status(&self, status: MemberStatus) -> Result<()> {
+    fn set_status(&mut self, status: MemberStatus) -> Result<()> {
+        if self.status == Some(status) {
+            return Ok(());
+        }
         let pid = std::process::id();
         self.roster.update_member(self.s.name.as_str(), |m| {
             m.status = status;
@@ -152,7 +158,9 @@ impl Teammate {
             if status == MemberStatus::Shutdown {
                 m.pid = None;
             }
-        })
+        })?;
+        self.status = Some(status);
+        Ok(())
     }
 
     /// Runs until an approved shutdown, a signal, or a fatal provider error. `wake` is a
@@ -162,6 +170,11 @@ impl Teammate {
         loop {
             if self.terminated() {
                 return Ok(Outcome::Terminated);
+            }
+            // `working` before the drain: whoever sees this teammate `idle` with an empty inbox
+            // knows it has nothing left to do (the LLM lead's quiet-team check relies on it).
+            if !self.inbox.is_empty() {
+                self.set_status(MemberStatus::Working)?;
             }
             self.drain()?;
             // Work to do: unseen messages, or an activation a restart cut short (finished or not:
@@ -406,6 +419,17 @@ impl Teammate {
     }
 
     fn run_tool(&mut self, name: &str, input: &Value, inbox_ids: &mut Vec<String>) -> ToolOutput {
+        let out = self.dispatch_tool(name, input, inbox_ids);
+        tools::log_call(&self.s.team, self.s.name.as_str(), name, input, &out);
+        out
+    }
+
+    fn dispatch_tool(
+        &mut self,
+        name: &str,
+        input: &Value,
+        inbox_ids: &mut Vec<String>,
+    ) -> ToolOutput {
         let gated = self.plan_gate && !self.gate_open;
         if tools::MUTATING.contains(&name) && gated {
             return ToolOutput::error(format!(

@@ -9,7 +9,9 @@ pub mod fs;
 
 use serde_json::{Map, Value, json};
 
+use crate::events;
 use crate::llm::ToolSpec;
+use crate::teamdir::TeamDir;
 
 /// Characters of tool output given back to the model, at most.
 pub const OUTPUT_CAP: usize = 50_000;
@@ -155,7 +157,12 @@ pub fn lead_specs() -> Vec<ToolSpec> {
         spec(
             "spawn_teammate",
             "Spawn (or reactivate) a teammate process with a name, a role and instructions.",
-            json!({"name": {"type": "string"}, "role": {"type": "string"}, "prompt": {"type": "string"}}),
+            json!({
+                "name": {"type": "string", "description": "Lower-case letters, digits, - and _; starts with a letter."},
+                "role": {"type": "string"},
+                "prompt": {"type": "string", "description": "The teammate's task and instructions."},
+                "require_plan_approval": {"type": "boolean", "description": "The teammate must have a plan approved before it may change anything."}
+            }),
             &["name", "role", "prompt"],
         ),
         spec(
@@ -270,4 +277,52 @@ pub fn cap_output(s: String) -> String {
         "{kept}\n[output truncated: {} more characters not shown]",
         n - OUTPUT_CAP
     )
+}
+
+/// A one-line description of a tool call for the audit log and the demo timeline: the path,
+/// command, recipient or request it names, cut to 120 characters. Never the file contents or
+/// message text in full.
+pub fn describe_call(name: &str, input: &Value) -> String {
+    let field = |f: &str| input.get(f).and_then(Value::as_str).unwrap_or("");
+    let text = match name {
+        "bash" => field("command").to_owned(),
+        "read_file" | "write_file" | "edit_file" => field("path").to_owned(),
+        "send_message" => format!("to {}", field("to")),
+        "spawn_teammate" => format!("{} ({})", field("name"), field("role")),
+        "shutdown_request" => field("teammate").to_owned(),
+        "plan_approval" if input.get("request_id").is_some() => format!(
+            "{} {}",
+            field("request_id"),
+            match input.get("approve").and_then(Value::as_bool) {
+                Some(true) => "approve",
+                Some(false) => "reject",
+                None => "?",
+            }
+        ),
+        "shutdown_response" => {
+            let verdict = match input.get("approve").and_then(Value::as_bool) {
+                Some(true) => " approve",
+                Some(false) => " reject",
+                None => "",
+            };
+            format!("{}{verdict}", field("request_id"))
+        }
+        "request_status" => field("request_id").to_owned(),
+        _ => String::new(),
+    };
+    let one_line = text.replace('\n', " ");
+    if one_line.chars().count() > 120 {
+        format!("{}...", one_line.chars().take(117).collect::<String>())
+    } else {
+        one_line
+    }
+}
+
+/// Records a finished tool call in `events.jsonl` as a `tool` event.
+pub fn log_call(team: &TeamDir, agent: &str, name: &str, input: &Value, out: &ToolOutput) {
+    events::log(
+        team,
+        "tool",
+        json!({"name": agent, "tool": name, "detail": describe_call(name, input), "ok": !out.is_error}),
+    );
 }
