@@ -370,3 +370,20 @@ pub fn logs(team: &TeamDir, a: LogsArgs) -> anyhow::Result<u8> {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The `lead status` table (the REPL's `/team`, the demo's closing table).
+pub fn status_table(team: &TeamDir) -> anyhow::Result<()> {
+    status(team, ListArgs { json: false }).map(drop)
+}
+
+/// The `lead requests` table (the REPL's `/requests`).
+pub fn requests_table(team: &TeamDir) -> anyhow::Result<()> {
+    requests(
+        team,
+        RequestsArgs {
+            status: None,
+            json: false,
+        },
+    )
+    .map(drop)
+}

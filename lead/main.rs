@@ -5,7 +5,9 @@
 //! chain.
 
 mod bench;
+mod chat;
 mod commands;
+mod demo;
 mod notify;
 mod supervisor;
 
@@ -51,6 +53,10 @@ enum Cmd {
     Reject(commands::DecideArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
+    /// Talk to the LLM lead: a REPL, or one prompt with -p (starts a supervisor if none runs).
+    Chat(chat::ChatArgs),
+    /// Run a whole team on the shipped cassette (no network, no key), printing a timeline.
+    Demo(demo::DemoArgs),
     /// Measure inbox throughput (and more) and print one JSON document.
     Bench(bench::BenchArgs),
     /// Internal: one writer process of `lead bench`.
@@ -104,6 +110,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Approve(a) => commands::decide(&team()?, a, true),
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
+        Cmd::Chat(a) => chat::run(&cli.team_dir, a),
+        Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args),
         Cmd::BenchWriter(args) => bench::writer(args),
     }

@@ -72,6 +72,8 @@ struct Supervisor {
     running: HashMap<String, Running>,
     recent_restarts: HashMap<String, VecDeque<Instant>>,
     backoff: HashMap<String, (Duration, Instant)>,
+    /// The shutdown request the team stop sent each member, by name.
+    stop_requests: HashMap<String, String>,
 }
 
 pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
@@ -119,6 +121,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         running: HashMap::new(),
         recent_restarts: HashMap::new(),
         backoff: HashMap::new(),
+        stop_requests: HashMap::new(),
     };
     sup.reconcile_at_start()?;
     events::log(
@@ -294,7 +297,8 @@ impl Supervisor {
         );
         let now = Instant::now();
         let window = Duration::from_secs(self.args.restart_window);
-        let (status, reason, restart) = if r.stopping {
+        let on_its_own = r.stopping && code == Some(0) && self.shut_down_on_its_own(name)?;
+        let (status, reason, restart) = if r.stopping && !on_its_own {
             // The lead asked (team stop or an expired shutdown): whatever the code, it stopped.
             (MemberStatus::Stopped, None, false)
         } else if code == Some(0) {
@@ -497,6 +501,27 @@ impl Supervisor {
         }
     }
 
+    /// Whether a member that exited 0 during a team stop had shut down for a request of the
+    /// lead's rather than the team stop's (a race: it approved just before the stop began).
+    /// Such a member stays `shutdown`, not `stopped` (a later `lead run` must not resume it),
+    /// and the team stop's request to it, unanswered, is expired.
+    fn shut_down_on_its_own(&self, name: &str) -> anyhow::Result<bool> {
+        let wrote_shutdown = self
+            .roster
+            .load()?
+            .member(name)
+            .is_some_and(|m| m.status == MemberStatus::Shutdown);
+        let Some(rid) = self.stop_requests.get(name) else {
+            return Ok(wrote_shutdown);
+        };
+        if !wrote_shutdown || self.requests.get(rid)?.status == RequestStatus::Approved {
+            return Ok(false);
+        }
+        self.requests
+            .expire_now(rid, "the teammate had already shut down")?;
+        Ok(true)
+    }
+
     /// The graceful team stop: ask everyone, wait, SIGTERM, SIGKILL, mark `stopped`.
     fn stop_team(&mut self) -> anyhow::Result<()> {
         events::log(
@@ -505,17 +530,27 @@ impl Supervisor {
             json!({"running": self.running.len()}),
         );
         let deadline = Instant::now() + Duration::from_secs(self.args.stop_timeout);
-        for r in self.running.values_mut() {
+        let cfg = self.roster.load()?;
+        for (name, r) in self.running.iter_mut() {
+            // One that approved a shutdown already is on its way out: asking again would leave
+            // a request nobody answers.
+            if cfg
+                .member(name)
+                .is_some_and(|m| m.status == MemberStatus::Shutdown)
+            {
+                continue;
+            }
             r.stopping = true;
-        }
-        for name in self.running.keys().cloned().collect::<Vec<_>>() {
-            if let Err(e) = ops::request_shutdown(
+            match ops::request_shutdown(
                 &self.team,
-                &name,
+                name,
                 "the team is stopping",
                 Duration::from_secs(self.args.stop_timeout),
             ) {
-                tracing::warn!("could not ask {name} to shut down: {e}");
+                Ok(req) => {
+                    self.stop_requests.insert(name.clone(), req.request_id);
+                }
+                Err(e) => tracing::warn!("could not ask {name} to shut down: {e}"),
             }
         }
         let mut termed = false;
@@ -529,6 +564,12 @@ impl Supervisor {
             }
             self.kill_stragglers();
             std::thread::sleep(Duration::from_millis(10));
+        }
+        // Requests of the team stop that nobody answered (the teammate was killed) are moot.
+        for (name, rid) in &self.stop_requests {
+            if let Err(e) = self.requests.expire_now(rid, "the team stopped") {
+                tracing::warn!("could not expire the stop request {rid} of {name}: {e}");
+            }
         }
         // Whoever did not approve is stopped; approvals already say `shutdown`.
         self.roster.update(|cfg| {
@@ -592,6 +633,30 @@ pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
 /// `logs/lead.log`) and returns once it is ready.
 pub fn detach(team_dir: &std::path::Path, args: &[String]) -> anyhow::Result<u8> {
     let team = TeamDir::create(team_dir)?;
+    let child = start_background(&team, args, &[], Attach::Detached)?;
+    println!("{}", child.id());
+    Ok(0)
+}
+
+/// How a supervisor started by [`start_background`] is tied to the process that starts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attach {
+    /// Its own session: it outlives the caller (`lead run --detach`).
+    Detached,
+    /// Its own process group (a Ctrl-C at the caller's terminal does not reach it), and SIGTERM
+    /// (a graceful team stop) when the caller dies: `lead chat`, `lead demo`.
+    Child,
+}
+
+/// Starts `lead run ARGS` in the background with output to `logs/lead.log` and the extra
+/// environment `envs`, and returns once it is ready (it holds `lead.lock` and has started every
+/// member that should run).
+pub fn start_background(
+    team: &TeamDir,
+    args: &[String],
+    envs: &[(String, String)],
+    attach: Attach,
+) -> anyhow::Result<Child> {
     let log = fsutil::open_append(&team.log(&AgentName::lead()))?;
     let exe = std::env::current_exe().context("failed to find the lead binary")?;
     let mut cmd = Command::new(exe);
@@ -599,15 +664,26 @@ pub fn detach(team_dir: &std::path::Path, args: &[String]) -> anyhow::Result<u8>
         .arg(team.root())
         .arg("run")
         .args(args)
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log));
-    // SAFETY: setsid is async-signal-safe; it runs in the child between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
+    match attach {
+        // SAFETY: setsid is async-signal-safe; it runs in the child between fork and exec.
+        Attach::Detached => unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        },
+        // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec. The
+        // caller spawns from its main thread, which lives as long as the caller.
+        Attach::Child => unsafe {
+            cmd.process_group(0).pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        },
     }
     let mut child = cmd.spawn().context("failed to start the supervisor")?;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -622,10 +698,11 @@ pub fn detach(team_dir: &std::path::Path, args: &[String]) -> anyhow::Result<u8>
             t.split_whitespace().next() == Some(&child.id().to_string()) && t.contains("ready")
         });
         if ready {
-            println!("{}", child.id());
-            return Ok(0);
+            return Ok(child);
         }
         if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
             anyhow::bail!("the supervisor did not become ready within 30 s");
         }
         std::thread::sleep(Duration::from_millis(10));

@@ -52,3 +52,27 @@ pub fn read_all(team: &TeamDir) -> Result<Vec<Value>> {
         .filter_map(|l| serde_json::from_slice(l).ok())
         .collect())
 }
+
+/// Reads the complete event lines after byte `offset`, returning them with the offset just past
+/// the last complete line (for following the log as it grows, as `lead demo` does). A partly
+/// written last line is left for the next call.
+pub fn read_from(team: &TeamDir, offset: u64) -> Result<(Vec<Value>, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let path = team.events();
+    let mut f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), offset)),
+        Err(e) => return Err(Error::io("open", &path)(e)),
+    };
+    f.seek(SeekFrom::Start(offset))
+        .map_err(Error::io("seek", &path))?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).map_err(Error::io("read", &path))?;
+    let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let events = buf[..complete]
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect();
+    Ok((events, offset + complete as u64))
+}

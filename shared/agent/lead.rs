@@ -177,12 +177,9 @@ impl Lead {
             if self.term.load(Ordering::SeqCst) {
                 return Ok(TurnEnd::Interrupted);
             }
-            let batch = self.inbox.drain(&mut self.journal)?;
+            let batch = self.drain_now()?;
             if !batch.is_empty() {
                 show(Shown::Inbox(&batch));
-            }
-            for m in &batch {
-                self.conv.push_entry(&Entry::Inbox { message: m.clone() });
             }
             self.conv.flush_unseen();
             match self.conv.messages.last() {
@@ -252,21 +249,37 @@ impl Lead {
         Ok(TurnEnd::Done)
     }
 
-    /// For an unattended lead: whether to take a turn now, wait, or stop.
+    /// Drains the inbox now (journaled first) without calling the model; the messages join the
+    /// next turn. Returns the new ones, for display. The REPL calls this when messages arrive
+    /// while the person is at the prompt.
+    pub fn drain_now(&mut self) -> Result<Vec<Message>> {
+        let batch = self.inbox.drain(&mut self.journal)?;
+        for m in &batch {
+            self.conv.push_entry(&Entry::Inbox { message: m.clone() });
+        }
+        Ok(batch)
+    }
+
+    /// Messages received that the model has not seen yet, oldest first.
+    pub fn unseen(&self) -> &[Message] {
+        &self.conv.unseen
+    }
+
+    /// For an unattended lead, after [`Lead::drain_now`]: take a turn now, wait, or stop.
     ///
-    /// Any message other than an `idle_notification` asks for a turn at once (a plan to review,
-    /// a report, a shutdown answer). Idle notifications alone do not: while others still work
-    /// they would only cost a model call each; once the whole team is quiet (nobody spawning or
-    /// working, every live teammate's inbox empty, no shutdown answer outstanding) they get one
-    /// turn together, so the lead sees the teammates' final summaries. A quiet team and an
-    /// empty inbox mean the job is over.
+    /// Any unseen message other than an `idle_notification` asks for a turn at once (a plan to
+    /// review, a report, a shutdown answer). Idle notifications alone do not: while others
+    /// still work they would only cost a model call each; once the whole team is quiet (nobody
+    /// spawning or working, every live teammate's inbox empty, no shutdown answer outstanding)
+    /// they get one turn together, so the lead sees the teammates' final summaries. A quiet
+    /// team and nothing unseen mean the job is over.
     ///
     /// A teammate marks itself `working` before it drains its inbox and sends its idle
     /// notification before it marks itself `idle`, so "idle with an empty inbox" never hides a
     /// message still being handled.
     pub fn next_wake(&self) -> Result<Next> {
-        let waiting = self.inbox.peek()?;
-        if waiting
+        let unseen = &self.conv.unseen;
+        if unseen
             .iter()
             .any(|m| m.kind != MessageType::IdleNotification)
         {
@@ -275,7 +288,7 @@ impl Lead {
         if !self.team_quiet()? {
             return Ok(Next::Wait);
         }
-        Ok(if waiting.is_empty() {
+        Ok(if unseen.is_empty() {
             Next::Done
         } else {
             Next::Turn
@@ -285,14 +298,15 @@ impl Lead {
     fn team_quiet(&self) -> Result<bool> {
         let cfg = self.roster.load()?;
         for m in &cfg.members {
-            match m.status {
-                MemberStatus::Spawning | MemberStatus::Working => return Ok(false),
+            let busy = match m.status {
+                MemberStatus::Spawning | MemberStatus::Working => true,
                 MemberStatus::Idle => {
-                    if !Inbox::new(&self.s.team, &AgentName::teammate(&m.name)?).is_empty() {
-                        return Ok(false);
-                    }
+                    !Inbox::new(&self.s.team, &AgentName::teammate(&m.name)?).is_empty()
                 }
-                _ => {}
+                _ => false,
+            };
+            if busy {
+                return Ok(false);
             }
         }
         let owed = self

@@ -6,6 +6,7 @@
 //! the server's own words.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -31,6 +32,8 @@ pub const EXIT_FAILURE: u8 = 1;
 /// | [`InvalidResponse`](LlmError::InvalidResponse) (only outside the retry loop) | 1 |
 /// | [`CassetteExhausted`](LlmError::CassetteExhausted) (the run left its recording) | 78 |
 /// | [`Record`](LlmError::Record) (could not append to the `--record` file) | 1 |
+/// | [`ReplayOutOfOrder`](LlmError::ReplayOutOfOrder) (an earlier turn of an ordered replay never came) | 1 |
+/// | [`ReplayProgress`](LlmError::ReplayProgress) (could not read or append to the progress file) | 1 |
 #[derive(Debug, Error)]
 pub enum LlmError {
     /// The provider cannot be set up: missing key, unknown provider, unreadable cassette, bad
@@ -74,6 +77,32 @@ pub enum LlmError {
         #[source]
         source: std::io::Error,
     },
+
+    /// Ordered replay (`TROUPE_REPLAY_PROGRESS`): call `seq` of `agent`, recorded as `turn`,
+    /// waited `waited` for the earlier `missing_turn` (call `missing_seq` of `missing_agent`)
+    /// without it being served. The run left its recording (that agent never made that call) or
+    /// the process that should have made it died.
+    #[error(
+        "replay out of order: {agent} call {seq} (turn {turn}) waited {} s for turn {missing_turn} ({missing_agent} call {missing_seq})",
+        .waited.as_secs_f64()
+    )]
+    ReplayOutOfOrder {
+        agent: String,
+        seq: u64,
+        turn: u64,
+        waited: Duration,
+        missing_turn: u64,
+        missing_agent: String,
+        missing_seq: u64,
+    },
+
+    /// The progress file of an ordered replay could not be read or appended to.
+    #[error("failed to read or append to replay progress file {}", path.display())]
+    ReplayProgress {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl LlmError {
@@ -86,9 +115,11 @@ impl LlmError {
             }
             LlmError::Rejected { .. } if self.is_quota() => EXIT_TEMPFAIL,
             LlmError::Unavailable { .. } => EXIT_TEMPFAIL,
-            LlmError::Rejected { .. } | LlmError::InvalidResponse(_) | LlmError::Record { .. } => {
-                EXIT_FAILURE
-            }
+            LlmError::Rejected { .. }
+            | LlmError::InvalidResponse(_)
+            | LlmError::Record { .. }
+            | LlmError::ReplayOutOfOrder { .. }
+            | LlmError::ReplayProgress { .. } => EXIT_FAILURE,
         }
     }
 
@@ -145,6 +176,24 @@ mod tests {
         };
         assert_eq!(exhausted.exit_code(), 78);
         assert_eq!(LlmError::InvalidResponse("x".into()).exit_code(), 1);
+        assert_eq!(out_of_order().exit_code(), 1);
+        let progress = LlmError::ReplayProgress {
+            path: "p".into(),
+            source: std::io::Error::other("x"),
+        };
+        assert_eq!(progress.exit_code(), 1);
+    }
+
+    fn out_of_order() -> LlmError {
+        LlmError::ReplayOutOfOrder {
+            agent: "coder".into(),
+            seq: 3,
+            turn: 12,
+            waited: Duration::from_secs(60),
+            missing_turn: 11,
+            missing_agent: "tester".into(),
+            missing_seq: 2,
+        }
     }
 
     #[test]
@@ -165,6 +214,10 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "cassette has no response for agent \"alice\" call 7"
+        );
+        assert_eq!(
+            out_of_order().to_string(),
+            "replay out of order: coder call 3 (turn 12) waited 60 s for turn 11 (tester call 2)"
         );
     }
 }

@@ -13,6 +13,8 @@
 //! | `OPENAI_API_KEY`, `OPENAI_BASE_URL` | Chat Completions key; base URL with `/v1`. The key may be omitted when the base URL is set (local servers) |
 //! | `MODEL_ID` | default model (`claude-sonnet-4-5` / `gpt-4o-mini`); a non-empty [`ChatRequest::model`] overrides it |
 //! | `TROUPE_CASSETTE` | the cassette file played by `replay` |
+//! | `TROUPE_REPLAY_PROGRESS` | with `replay`: play in the recorded order of turns, coordinating through this progress file, shared by all processes of the run and fresh for each run (see [`replay`]) |
+//! | `TROUPE_REPLAY_WAIT_SECS` | with `TROUPE_REPLAY_PROGRESS`: how long a call waits for earlier turns before failing, default 60 |
 //! | `TROUPE_RECORD` | append every successful call to this cassette file |
 //! | `TROUPE_LLM_TIMEOUT_SECS` | whole-request timeout, default 600 |
 //! | `TROUPE_LLM_MAX_ATTEMPTS` | attempts per call, default 3 |
@@ -27,6 +29,9 @@ pub mod openai;
 pub mod replay;
 pub mod retry;
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::info;
@@ -35,7 +40,7 @@ pub use anthropic::{Anthropic, AnthropicConfig};
 pub use error::LlmError;
 pub use http::HttpConfig;
 pub use openai::{OpenAi, OpenAiConfig};
-pub use replay::{CassetteEntry, Recorder, ReplayProvider};
+pub use replay::{CassetteEntry, DEFAULT_REPLAY_WAIT, Recorder, ReplayProvider};
 pub use retry::RetryPolicy;
 
 /// A tool offered to the model: name, human description and JSON schema of its input.
@@ -247,7 +252,24 @@ pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Pr
                         .to_string(),
                 )
             })?;
-            Box::new(ReplayProvider::open(path.trim())?)
+            let mut replay = ReplayProvider::open(path.trim())?;
+            if let Some(raw) = get("TROUPE_REPLAY_WAIT_SECS") {
+                let secs = raw
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| {
+                        LlmError::Config(format!(
+                            "TROUPE_REPLAY_WAIT_SECS must be a positive whole number, got {raw:?}"
+                        ))
+                    })?;
+                replay = replay.with_wait_limit(Duration::from_secs(secs));
+            }
+            if let Some(progress) = get("TROUPE_REPLAY_PROGRESS") {
+                replay = replay.with_progress(PathBuf::from(progress.trim()));
+            }
+            Box::new(replay)
         }
         other => {
             return Err(LlmError::Config(format!(
@@ -454,6 +476,54 @@ mod tests {
         .expect("must fail");
         assert_eq!(e.exit_code(), 78);
         assert!(!e.to_string().contains("sk-ant-secret"));
+    }
+
+    #[test]
+    fn replay_progress_and_wait_come_from_the_environment() {
+        let dir =
+            std::env::temp_dir().join(format!("troupe-llm-env-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let cassette = dir.join("cassette.jsonl");
+        let progress = dir.join("progress");
+        std::fs::write(
+            &cassette,
+            "{\"agent\":\"tester\",\"seq\":2,\"turn\":0,\"response\":{\"content\":[],\"stop_reason\":\"end_turn\"}}\n\
+             {\"agent\":\"coder\",\"seq\":3,\"turn\":1,\"response\":{\"content\":[],\"stop_reason\":\"end_turn\"}}\n",
+        )
+        .expect("write");
+        let (cassette_s, progress_s) = (
+            cassette.display().to_string(),
+            progress.display().to_string(),
+        );
+        let base = [
+            ("TROUPE_PROVIDER", "replay"),
+            ("TROUPE_CASSETTE", cassette_s.as_str()),
+        ];
+        let call = ChatRequest {
+            model: String::new(),
+            system: String::new(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            max_tokens: 16,
+            agent: "coder".into(),
+            seq: 3,
+        };
+        // Without a progress file, turns are ignored.
+        let p = from_env_with(&vars(&base)).expect("replay");
+        assert!(p.complete(&call).is_ok());
+        let mut ordered = base.to_vec();
+        ordered.push(("TROUPE_REPLAY_PROGRESS", progress_s.as_str()));
+        ordered.push(("TROUPE_REPLAY_WAIT_SECS", "1"));
+        let p = from_env_with(&vars(&ordered)).expect("replay");
+        let e = p.complete(&call).expect_err("turn 0 never served");
+        assert!(matches!(e, LlmError::ReplayOutOfOrder { .. }), "{e:?}");
+        assert!(e.to_string().contains("waited 1 s for turn 0"), "{e}");
+        ordered.pop();
+        ordered.push(("TROUPE_REPLAY_WAIT_SECS", "soon"));
+        let e = from_env_with(&vars(&ordered)).err().expect("must fail");
+        assert_eq!(e.exit_code(), 78);
+        assert!(e.to_string().contains("TROUPE_REPLAY_WAIT_SECS"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
