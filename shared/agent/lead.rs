@@ -549,6 +549,9 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         None | Some(Value::Null) => false,
         Some(_) => tools::input_bool(input, "require_plan_approval")?,
     };
+    let model = tools::input_opt_str(input, "model")?
+        .filter(|m| !m.trim().is_empty())
+        .map(str::to_owned);
     if role.trim().is_empty() || prompt.trim().is_empty() {
         return Err("role and prompt must not be empty".into());
     }
@@ -556,7 +559,7 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         name: name.to_owned(),
         role: role.to_owned(),
         prompt: prompt.to_owned(),
-        model: None,
+        model,
         require_plan_approval,
     };
     let m = ops::spawn(team, &spec).map_err(|e| e.to_string())?;

@@ -161,7 +161,8 @@ pub fn lead_specs() -> Vec<ToolSpec> {
                 "name": {"type": "string", "description": "Lower-case letters, digits, - and _; starts with a letter."},
                 "role": {"type": "string"},
                 "prompt": {"type": "string", "description": "The teammate's task and instructions."},
-                "require_plan_approval": {"type": "boolean", "description": "The teammate must have a plan approved before it may change anything."}
+                "require_plan_approval": {"type": "boolean", "description": "The teammate must have a plan approved before it may change anything."},
+                "model": {"type": "string", "description": "Model id for this teammate (default: the team's)."}
             }),
             &["name", "role", "prompt"],
         ),
