@@ -46,6 +46,10 @@ pub struct DemoArgs {
     /// afterwards for inspection.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Milliseconds each replayed model call "thinks", so the timeline unfolds at a readable
+    /// pace (0 for as fast as possible).
+    #[arg(long, default_value_t = 100)]
+    pace_ms: u64,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
@@ -85,6 +89,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
                 progress.display().to_string(),
             ),
             ("TROUPE_RECORD".into(), String::new()),
+            ("TROUPE_REPLAY_PACE_MS".into(), a.pace_ms.to_string()),
         ];
     }
     let provider = match env.provider() {

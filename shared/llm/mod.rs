@@ -14,6 +14,7 @@
 //! | `MODEL_ID` | default model (`claude-sonnet-4-5` / `gpt-4o-mini`); a non-empty [`ChatRequest::model`] overrides it |
 //! | `TROUPE_CASSETTE` | the cassette file played by `replay` |
 //! | `TROUPE_REPLAY_PROGRESS` | with `replay`: play in the recorded order of turns, coordinating through this progress file, shared by all processes of the run and fresh for each run (see [`replay`]) |
+//! | `TROUPE_REPLAY_PACE_MS` | with `replay`: pause this long before each answer, as if the model were thinking (default 0) |
 //! | `TROUPE_REPLAY_WAIT_SECS` | with `TROUPE_REPLAY_PROGRESS`: how long a call waits for earlier turns before failing, default 60 |
 //! | `TROUPE_RECORD` | append every successful call to this cassette file |
 //! | `TROUPE_LLM_TIMEOUT_SECS` | whole-request timeout, default 600 |
@@ -265,6 +266,14 @@ pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Pr
                         ))
                     })?;
                 replay = replay.with_wait_limit(Duration::from_secs(secs));
+            }
+            if let Some(raw) = get("TROUPE_REPLAY_PACE_MS") {
+                let ms = raw.trim().parse::<u64>().map_err(|_| {
+                    LlmError::Config(format!(
+                        "TROUPE_REPLAY_PACE_MS must be a whole number of milliseconds, got {raw:?}"
+                    ))
+                })?;
+                replay = replay.with_pace(Duration::from_millis(ms));
             }
             if let Some(progress) = get("TROUPE_REPLAY_PROGRESS") {
                 replay = replay.with_progress(PathBuf::from(progress.trim()));

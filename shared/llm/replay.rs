@@ -111,6 +111,9 @@ pub struct ReplayProvider {
     progress: Option<PathBuf>,
     /// How long a call waits for earlier turns before failing.
     wait: Duration,
+    /// A pause before each answer, as if the model were thinking: `lead demo` uses it so that
+    /// its timeline unfolds at a pace a person can follow.
+    pace: Duration,
 }
 
 impl Default for ReplayProvider {
@@ -119,6 +122,7 @@ impl Default for ReplayProvider {
             responses: HashMap::new(),
             turns: BTreeMap::new(),
             progress: None,
+            pace: Duration::ZERO,
             wait: DEFAULT_REPLAY_WAIT,
         }
     }
@@ -166,6 +170,13 @@ impl ReplayProvider {
     /// [`LlmError::ReplayOutOfOrder`]; [`DEFAULT_REPLAY_WAIT`] unless set.
     pub fn with_wait_limit(mut self, wait: Duration) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// Waits `pace` before each answer (in an ordered replay, before the turn counts as served,
+    /// so the whole run advances one paced step at a time).
+    pub fn with_pace(mut self, pace: Duration) -> Self {
+        self.pace = pace;
         self
     }
 
@@ -274,6 +285,9 @@ impl ReplayProvider {
             std::thread::sleep(pause.min(self.wait - waited));
             pause = (pause * 2).min(LONGEST_PAUSE);
         }
+        if !self.pace.is_zero() {
+            std::thread::sleep(self.pace);
+        }
         append_progress(progress, turn).map_err(io_error)?;
         debug!(agent = req.agent, seq = req.seq, turn, "turn served");
         Ok(())
@@ -303,6 +317,8 @@ impl Provider for ReplayProvider {
             })?;
         if let (Some(turn), Some(progress)) = (recorded.turn, &self.progress) {
             self.take_turn(progress, turn, req)?;
+        } else if !self.pace.is_zero() {
+            std::thread::sleep(self.pace);
         }
         let mut response = recorded.response.clone();
         if let Some(id) = newest_request_id(&req.messages) {
