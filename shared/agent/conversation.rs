@@ -12,9 +12,12 @@
 
 use std::collections::HashSet;
 
+use crate::error::Result;
+use crate::fsutil;
 use crate::llm::{Block, ChatMessage, Role, StopReason};
 use crate::message::{Message, MessageType};
-use crate::transcript::Entry;
+use crate::teamdir::{AgentName, TeamDir};
+use crate::transcript::{Entry, Journal};
 
 /// The text of the error result given to a tool use cut off by a restart.
 pub const RESTARTED: &str = "error: the worker restarted before this tool finished; its effect is unknown. Check before retrying.";
@@ -163,6 +166,30 @@ impl Rebuilt {
         };
         self.apply(e, &claimed);
     }
+}
+
+/// Takes over an agent's journal for a new process: opens it, rebuilds the conversation,
+/// journals the new session and answers tool uses a kill cut off with an error result (so the
+/// next model call sees every `tool_use` answered). The caller holds the agent's liveness lock.
+pub fn resume(team: &TeamDir, name: &AgentName, incarnation: u64) -> Result<(Journal, Rebuilt)> {
+    let (mut journal, entries) = Journal::open(team, name)?;
+    let mut conv = Rebuilt::from_entries(&entries);
+    let session = Entry::Session {
+        incarnation,
+        pid: std::process::id(),
+        at: fsutil::now(),
+    };
+    journal.append(std::slice::from_ref(&session))?;
+    if !conv.dangling.is_empty() {
+        let fill = Entry::ToolResults {
+            results: conv.dangling_results(),
+            inbox_ids: Vec::new(),
+            at: fsutil::now(),
+        };
+        journal.append(std::slice::from_ref(&fill))?;
+        conv.push_entry(&fill);
+    }
+    Ok((journal, conv))
 }
 
 /// Appends blocks to the conversation, merging into the last message when it has the same role

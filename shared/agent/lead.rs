@@ -118,23 +118,7 @@ impl Lead {
                 path: lock_path,
             });
         };
-        let (mut journal, entries) = Journal::open(&s.team, &name)?;
-        let mut conv = Rebuilt::from_entries(&entries);
-        let session = Entry::Session {
-            incarnation: 0,
-            pid: std::process::id(),
-            at: fsutil::now(),
-        };
-        journal.append(std::slice::from_ref(&session))?;
-        if !conv.dangling.is_empty() {
-            let fill = Entry::ToolResults {
-                results: conv.dangling_results(),
-                inbox_ids: Vec::new(),
-                at: fsutil::now(),
-            };
-            journal.append(std::slice::from_ref(&fill))?;
-            conv.push_entry(&fill);
-        }
+        let (journal, conv) = conversation::resume(&s.team, &name, 0)?;
         Ok(Lead {
             inbox: Inbox::new(&s.team, &name),
             roster: Roster::new(&s.team),

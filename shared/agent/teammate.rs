@@ -84,23 +84,7 @@ impl Teammate {
     ) -> Result<Teammate> {
         let roster = Roster::new(&s.team);
         let member = roster.load()?.require(s.name.as_str())?.clone();
-        let (mut journal, entries) = Journal::open(&s.team, &s.name)?;
-        let mut conv = Rebuilt::from_entries(&entries);
-        let session = Entry::Session {
-            incarnation: member.incarnation,
-            pid: std::process::id(),
-            at: fsutil::now(),
-        };
-        journal.append(std::slice::from_ref(&session))?;
-        if !conv.dangling.is_empty() {
-            let fill = Entry::ToolResults {
-                results: conv.dangling_results(),
-                inbox_ids: Vec::new(),
-                at: fsutil::now(),
-            };
-            journal.append(std::slice::from_ref(&fill))?;
-            conv.push_entry(&fill);
-        }
+        let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation)?;
         let requests = RequestStore::new(&s.team);
         let mut t = Teammate {
             inbox: Inbox::new(&s.team, &s.name),
