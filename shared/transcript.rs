@@ -182,6 +182,37 @@ impl Journal {
         Ok(())
     }
 
+    /// Journals consumed inbox messages from their raw lines, as [`Entry::Inbox`] entries, with
+    /// one write and one fdatasync. Each item is `(raw, id)`: `raw` is the message's JSON object
+    /// exactly as it stood in the inbox (validated by the caller, no newline), so the journal
+    /// keeps the full envelope and the drain does not serialize every message again.
+    pub fn append_inbox_lines(&mut self, items: &[(&[u8], &str)]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        const HEAD: &[u8] = b"{\"kind\":\"inbox\",\"message\":";
+        let mut buf = Vec::with_capacity(
+            items
+                .iter()
+                .map(|(raw, _)| raw.len() + HEAD.len() + 2)
+                .sum(),
+        );
+        for (raw, _) in items {
+            buf.extend_from_slice(HEAD);
+            buf.extend_from_slice(raw);
+            buf.extend_from_slice(b"}\n");
+        }
+        self.refresh()?;
+        (&self.file)
+            .write_all(&buf)
+            .map_err(Error::io("append to", &self.path))?;
+        fsutil::sync_data(&self.file, &self.path)?;
+        self.seen
+            .extend(items.iter().map(|(_, id)| (*id).to_owned()));
+        self.scanned += buf.len() as u64;
+        Ok(())
+    }
+
     /// Reads the last byte of the file (used by tests to check termination).
     #[cfg(test)]
     fn last_byte(&self) -> Option<u8> {
