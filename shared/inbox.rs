@@ -15,7 +15,6 @@
 //!
 //! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -26,6 +25,7 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::events;
 use crate::fsutil::{self, LockGuard};
+use crate::ids::IdSet;
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
 use crate::transcript::Journal;
@@ -151,7 +151,7 @@ impl Inbox {
         let mut fresh: Vec<(&[u8], Message)> = Vec::new();
         let mut corrupt: Vec<(&[u8], String)> = Vec::new();
         // The same id twice in one batch (a sender that retried): keep the first.
-        let mut batch_ids: HashSet<String> = HashSet::new();
+        let mut batch_ids = IdSet::default();
         for line in buf[..complete].split(|&b| b == b'\n') {
             if line.is_empty() {
                 continue;

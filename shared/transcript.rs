@@ -10,7 +10,6 @@
 //! fdatasynced. A line cut short by a crash is ignored when read and cut off before the next
 //! append.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -19,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::fsutil;
+use crate::ids::IdSet;
 use crate::llm::{Block, ChatResponse};
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
@@ -62,7 +62,7 @@ pub struct Journal {
     path: PathBuf,
     file: File,
     /// Ids of every inbox message recorded so far, by anyone.
-    seen: HashSet<String>,
+    seen: IdSet,
     /// Bytes of the file already scanned into `seen`.
     scanned: u64,
 }
@@ -81,7 +81,7 @@ impl Journal {
         let mut journal = Journal {
             path,
             file,
-            seen: HashSet::new(),
+            seen: IdSet::default(),
             scanned: 0,
         };
         let entries = journal.scan(true)?;
