@@ -1,17 +1,59 @@
-//! `lead bench`: runs the benchmarks and prints one JSON document on stdout.
+//! `lead bench`: runs the benchmarks and prints one JSON document on stdout (progress on stderr).
+//!
+//! - `inbox_throughput`: append+drain with 1 and 4 writer processes, troupe and the naive
+//!   baseline ([`troupe::bench::inbox_throughput`]).
+//! - `wake_latency`: send -> recipient-awake for an idle waiter process
+//!   ([`troupe::bench::wake_latency`]).
+//! - `spawn_100`, `shutdown_round_trip`, `recovery_after_kill9`, `team_stop`: a real team, with
+//!   the real `lead run` supervisor and `worker` binaries on a replay cassette written into the
+//!   scratch dir (no network): 100 members spawned to `idle` (and their idle RSS), shutdown
+//!   requests until the supervisor reaped the exit, `kill -9` of idle workers until they are
+//!   `idle` again in their next incarnation (the restart backoff shown apart), and the graceful
+//!   stop of whoever is left.
+//! - `targets`: the budgets of issue 6 (DESIGN.md section 11), each with `met`. Reported, never
+//!   asserted.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use serde_json::json;
-use troupe::bench::{self, Discipline};
+use anyhow::{Context, bail};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use troupe::bench::{self, Discipline, Summary, round3};
+use troupe::config::{MemberStatus, Roster};
+use troupe::ops::{self, SpawnSpec};
+use troupe::{TeamDir, events};
+
+use crate::supervisor::{self, Attach};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Messages each writer process appends.
+    /// Messages each writer process appends in the throughput runs.
     #[arg(long, default_value_t = 200_000)]
     messages: u64,
+    /// Messages sent one at a time to an idle waiter for the wake-up latency.
+    #[arg(long, default_value_t = 200)]
+    wake_samples: usize,
+    /// Workers spawned to `idle` (and measured for RSS).
+    #[arg(long, default_value_t = 100)]
+    workers: usize,
+    /// Of those, how many are asked to shut down, one after the other.
+    #[arg(long, default_value_t = 30)]
+    shutdowns: usize,
+    /// Of those, how many idle workers are killed with SIGKILL, one after the other.
+    #[arg(long, default_value_t = 5)]
+    kills: usize,
+    /// Restart delay passed to `lead run --restart-delay` when the supervisor has that flag
+    /// (otherwise its built-in first backoff of 1 s applies).
+    #[arg(long, default_value_t = 0.1)]
+    restart_delay: f64,
     /// Scratch directory for the throwaway team dirs (default: the system temp dir).
     #[arg(long)]
     scratch: Option<PathBuf>,
@@ -41,11 +83,35 @@ pub fn writer(a: WriterArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+#[derive(Debug, clap::Args)]
+pub struct WaiterArgs {
+    #[arg(long)]
+    dir: PathBuf,
+}
+
+/// `lead bench-waiter`: the idle recipient of the wake-up measurement.
+pub fn waiter(a: WaiterArgs) -> anyhow::Result<u8> {
+    bench::run_waiter(&a.dir, &mut std::io::stdout().lock())?;
+    Ok(0)
+}
+
+/// Pause between two wake-up samples, so the waiter is asleep again when the next one is sent.
+const WAKE_GAP: Duration = Duration::from_millis(5);
+
 pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
+    let started = Instant::now();
     let exe = std::env::current_exe().context("failed to find the lead binary")?;
-    let scratch = tempfile_dir(a.scratch)?;
-    let cmd = |dir: &std::path::Path, w: usize, n: u64, d: Discipline, go: &std::path::Path| {
-        let mut c = Command::new(&exe);
+    let scratch = tempfile_dir(a.scratch.clone())?;
+    let result = run_in(&a, &exe, &scratch, started);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let doc = result?;
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(0)
+}
+
+fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow::Result<Value> {
+    let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
+        let mut c = Command::new(exe);
         c.arg("bench-writer")
             .arg("--dir")
             .arg(dir)
@@ -60,7 +126,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
     let mut throughput = Vec::new();
     for writers in [1, 4] {
         for d in [Discipline::Troupe, Discipline::Naive] {
-            let r = bench::inbox_throughput(&scratch, writers, a.messages, d, &cmd)?;
+            let r = bench::inbox_throughput(scratch, writers, a.messages, d, &cmd)?;
             eprintln!(
                 "inbox {:?} writers={} {:.0} msgs/s lost={} dup={}",
                 r.discipline, r.writers, r.msgs_per_sec, r.lost, r.duplicates
@@ -68,15 +134,595 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
             throughput.push(r);
         }
     }
-    let _ = std::fs::remove_dir_all(&scratch);
-    let doc = json!({
-        "machine": machine(),
-        "git_commit": git_commit(),
-        "inbox_throughput": throughput,
+
+    let waiter_cmd = |dir: &Path| {
+        let mut c = Command::new(exe);
+        c.arg("bench-waiter").arg("--dir").arg(dir);
+        die_with_parent(&mut c);
+        c
+    };
+    let wake = bench::wake_latency(scratch, a.wake_samples, WAKE_GAP, &waiter_cmd)?;
+    eprintln!(
+        "wake latency ({}): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        wake.waiter_mode,
+        wake.send_to_drained.p50_ms,
+        wake.send_to_drained.p99_ms,
+        wake.send_to_drained.max_ms
+    );
+    let mut wake_json = serde_json::to_value(&wake.send_to_drained)?;
+    wake_json["measured"] =
+        json!("send start (before the fdatasync'd append) -> recipient drained");
+    wake_json["waiter_mode"] = json!(wake.waiter_mode);
+    wake_json["send_to_woken"] = serde_json::to_value(&wake.send_to_woken)?;
+    wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
+
+    let team = team_bench(a, exe, scratch).unwrap_or_else(|e| {
+        let err = section(Err(e));
+        vec![("spawn_100", err)]
     });
-    println!("{}", serde_json::to_string_pretty(&doc)?);
-    Ok(0)
+
+    let mut doc = json!({
+        "machine": machine(scratch),
+        "git_commit": git_commit(),
+        "settings": {
+            "messages_per_writer": a.messages,
+            "wake_samples": a.wake_samples,
+            "workers": a.workers,
+            "shutdowns": a.shutdowns,
+            "kills": a.kills,
+        },
+        "inbox_throughput": throughput,
+        "wake_latency": wake_json,
+    });
+    for (k, v) in team {
+        doc[k] = v;
+    }
+    doc["targets"] = targets(&doc);
+    doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
+    Ok(doc)
 }
+
+/// The budgets of issue 6, each with what was measured and whether it was met.
+fn targets(doc: &Value) -> Value {
+    let t4 = doc["inbox_throughput"]
+        .as_array()
+        .and_then(|rs| {
+            rs.iter()
+                .find(|r| r["discipline"] == "troupe" && r["writers"] == 4)
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    let rate = t4["msgs_per_sec"].as_f64();
+    let lost = t4["lost"].as_u64();
+    let wake_p99 = doc["wake_latency"]["p99_ms"].as_f64();
+    let idle_ms = doc["spawn_100"]["all_idle_ms"].as_f64();
+    let workers = doc["spawn_100"]["workers"].as_u64();
+    let rss = doc["spawn_100"]["rss_mb_mean"].as_f64();
+    let shut_p50 = doc["shutdown_round_trip"]["p50_ms"].as_f64();
+    json!({
+        "throughput_4_writers": {
+            "target": ">= 300000 msgs/s with 4 writers and 0 lost",
+            "msgs_per_sec": rate.map(|r| r.round()),
+            "lost": lost,
+            "met": rate.is_some_and(|r| r >= 300_000.0) && lost == Some(0),
+        },
+        "wake_latency_p99": {
+            "target": "< 5 ms",
+            "ms": wake_p99,
+            "met": wake_p99.is_some_and(|p| p < 5.0),
+        },
+        "spawn_100_to_idle": {
+            "target": "100 workers idle within 3 s",
+            "workers": workers,
+            "ms": idle_ms,
+            "met": workers == Some(100) && idle_ms.is_some_and(|t| t < 3000.0),
+        },
+        "idle_rss": {
+            "target": "< 8 MB per idle worker (mean VmRSS)",
+            "mb": rss,
+            "met": rss.is_some_and(|r| r < 8.0),
+        },
+        "shutdown_round_trip_p50": {
+            "target": "< 100 ms",
+            "ms": shut_p50,
+            "met": shut_p50.is_some_and(|p| p < 100.0),
+        },
+    })
+}
+
+/// A child that gets SIGKILL if this process dies (a bench killed midway leaves nothing).
+fn die_with_parent(c: &mut Command) {
+    // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec. The bench
+    // spawns from its main thread, which lives as long as the bench.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The team measurements.
+
+/// A supervisor started for the bench; stopped gracefully (SIGTERM) by [`OwnedSupervisor::stop`]
+/// or, on an error path, when dropped.
+struct OwnedSupervisor {
+    child: Option<Child>,
+}
+
+impl OwnedSupervisor {
+    /// SIGTERM (the graceful team stop: every running teammate is asked to shut down), then
+    /// waits for the supervisor to exit. Returns how long that took.
+    fn stop(&mut self) -> anyhow::Result<Duration> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(Duration::ZERO);
+        };
+        let t0 = Instant::now();
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = t0 + Duration::from_secs(120);
+        loop {
+            if let Some(st) = child.try_wait()? {
+                if !st.success() {
+                    bail!("the supervisor exited with {st}");
+                }
+                return Ok(t0.elapsed());
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the supervisor did not stop within 120 s; killed it");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for OwnedSupervisor {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("lead bench: {e:#}");
+        }
+    }
+}
+
+/// Wakes when something in the team dir's top level changes (`config.json` replaced,
+/// `events.jsonl` appended), or after a short timeout; sleeps briefly without inotify.
+struct RootWatch(Option<Inotify>);
+
+impl RootWatch {
+    fn new(dir: &Path) -> RootWatch {
+        let n = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+        let n = n.filter(|n| {
+            let flags = AddWatchFlags::IN_MODIFY
+                | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CLOSE_WRITE;
+            n.add_watch(dir, flags).is_ok()
+        });
+        RootWatch(n)
+    }
+
+    fn wait(&self) {
+        let Some(n) = &self.0 else {
+            std::thread::sleep(Duration::from_millis(2));
+            return;
+        };
+        let mut fds = [PollFd::new(n.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::from(50u8));
+        while let Ok(evs) = n.read_events() {
+            if evs.is_empty() {
+                break;
+            }
+        }
+    }
+
+    /// Calls `check` until it returns `Some`, at most every `min_gap` (to keep a poller from
+    /// stealing the CPU the workers need), failing after `timeout`.
+    fn until<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        min_gap: Duration,
+        mut check: impl FnMut() -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let at = Instant::now();
+            if let Some(v) = check()? {
+                return Ok(v);
+            }
+            if at >= deadline {
+                bail!("timed out after {} s waiting for {what}", timeout.as_secs());
+            }
+            self.wait();
+            if let Some(rest) = min_gap.checked_sub(at.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
+    }
+}
+
+fn member_name(i: usize) -> String {
+    format!("w{i:03}")
+}
+
+/// The cassette of the team bench: each member's first call answers with a short text (so it
+/// goes idle), its second approves the shutdown request it was shown.
+fn write_cassette(path: &Path, workers: usize) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for i in 0..workers {
+        let agent = member_name(i);
+        let ready = json!({"agent": agent, "seq": 0, "response": {
+            "content": [{"type": "text", "text": "Ready."}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "model": "bench-cassette",
+        }});
+        let approve = json!({"agent": agent, "seq": 1, "response": {
+            "content": [{"type": "tool_use", "id": format!("toolu_bench_{i}"),
+                "name": "shutdown_response",
+                "input": {"request_id": "{{request_id}}", "approve": true}}],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "model": "bench-cassette",
+        }});
+        for e in [ready, approve] {
+            text.push_str(&serde_json::to_string(&e)?);
+            text.push('\n');
+        }
+    }
+    std::fs::write(path, text).with_context(|| format!("failed to write {}", path.display()))
+}
+
+/// Whether this build's `lead run` has `--restart-delay` (added alongside the bench).
+fn supports_restart_delay(exe: &Path) -> bool {
+    Command::new(exe)
+        .args(["run", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--restart-delay"))
+}
+
+fn ms(d: Duration) -> f64 {
+    round3(d.as_secs_f64() * 1000.0)
+}
+
+fn events_len(team: &TeamDir) -> u64 {
+    std::fs::metadata(team.events()).map_or(0, |m| m.len())
+}
+
+/// The first event named `event` about member `name` after byte `*offset` of `events.jsonl`,
+/// advancing `*offset` past what was read.
+fn find_event(
+    team: &TeamDir,
+    offset: &mut u64,
+    event: &str,
+    name: &str,
+) -> anyhow::Result<Option<Value>> {
+    let (evs, next) = events::read_from(team, *offset)?;
+    *offset = next;
+    Ok(evs
+        .into_iter()
+        .find(|e| e["event"] == event && e["name"] == name))
+}
+
+/// Runs the team measurements; each key of the result is one section of the document (a
+/// section that failed holds `{"error": ...}`).
+fn team_bench(
+    a: &BenchArgs,
+    exe: &Path,
+    scratch: &Path,
+) -> anyhow::Result<Vec<(&'static str, Value)>> {
+    let root = scratch.join("team");
+    let team = TeamDir::create(&root)?;
+    let work = scratch.join("work");
+    troupe::fsutil::create_dir(&work)?;
+    let cassette = scratch.join("bench.cassette.jsonl");
+    write_cassette(&cassette, a.workers)?;
+    let mut args = vec!["--workdir".to_owned(), work.display().to_string()];
+    let delay_flag = supports_restart_delay(exe);
+    if delay_flag {
+        args.extend(["--restart-delay".to_owned(), a.restart_delay.to_string()]);
+    }
+    // The replay provider, named explicitly so no API key in the environment takes over; empty
+    // values switch off recording, ordered replay and pacing inherited from the environment.
+    let envs: Vec<(String, String)> = [
+        ("TROUPE_PROVIDER", "replay".to_owned()),
+        ("TROUPE_CASSETTE", cassette.display().to_string()),
+        ("TROUPE_RECORD", String::new()),
+        ("TROUPE_REPLAY_PROGRESS", String::new()),
+        ("TROUPE_REPLAY_PACE_MS", String::new()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let watch = RootWatch::new(team.root());
+    let child = supervisor::start_background(&team, &args, &envs, Attach::Child)?;
+    let sup_pid = child.id();
+    let mut sup = OwnedSupervisor { child: Some(child) };
+    let mut out = Vec::new();
+    let mut pids_seen: Vec<u32> = Vec::new();
+
+    let names: Vec<String> = (0..a.workers).map(member_name).collect();
+    let spawn = spawn_phase(&team, &watch, &names, sup_pid, &mut pids_seen);
+    let spawned_ok = spawn.is_ok();
+    out.push(("spawn_100", section(spawn)));
+    if spawned_ok {
+        let n = a.shutdowns.min(names.len());
+        out.push((
+            "shutdown_round_trip",
+            section(shutdown_phase(&team, &watch, &names[..n])),
+        ));
+        let victims: Vec<String> = names[n..].iter().rev().take(a.kills).cloned().collect();
+        let default_backoff = if delay_flag { a.restart_delay } else { 1.0 };
+        out.push((
+            "recovery_after_kill9",
+            section(recovery_phase(
+                &team,
+                &watch,
+                &victims,
+                delay_flag,
+                default_backoff,
+                &mut pids_seen,
+            )),
+        ));
+    }
+    let left = Roster::new(&team)
+        .load()
+        .map(|c| {
+            c.members
+                .iter()
+                .filter(|m| m.status.wants_process())
+                .count()
+        })
+        .unwrap_or(0);
+    eprintln!("team: stopping the supervisor ({left} workers running)");
+    let stop = sup.stop();
+    let survivors = pids_seen.iter().filter(|&&p| alive(p)).count();
+    out.push((
+        "team_stop",
+        section(stop.map(|d| {
+            json!({
+                "measured": "SIGTERM to the supervisor -> it exited after its graceful team stop",
+                "running_workers": left,
+                "ms": ms(d),
+                "worker_processes_left": survivors,
+            })
+        })),
+    ));
+    Ok(out)
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        // The state follows the parenthesized command name, which may itself hold spaces.
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X")
+    })
+}
+
+fn section(r: anyhow::Result<Value>) -> Value {
+    r.unwrap_or_else(|e| {
+        eprintln!("lead bench: {e:#}");
+        json!({"error": format!("{e:#}")})
+    })
+}
+
+fn spawn_phase(
+    team: &TeamDir,
+    watch: &RootWatch,
+    names: &[String],
+    sup_pid: u32,
+    pids_seen: &mut Vec<u32>,
+) -> anyhow::Result<Value> {
+    let roster = Roster::new(team);
+    eprintln!("team: spawning {} workers", names.len());
+    let t0 = Instant::now();
+    let mut idle_at: HashMap<String, Duration> = HashMap::new();
+    // Spawn from a second thread while this one watches the roster, so early members' idle
+    // times are seen as they happen, not after the last spawn call.
+    let (spawned_at, cfg) = std::thread::scope(|s| {
+        let spawner = s.spawn(|| -> anyhow::Result<Vec<Duration>> {
+            let mut at = Vec::with_capacity(names.len());
+            for name in names {
+                ops::spawn(
+                    team,
+                    &SpawnSpec {
+                        name: name.clone(),
+                        role: "bench".into(),
+                        prompt: "Say you are ready.".into(),
+                        model: None,
+                        require_plan_approval: false,
+                    },
+                )?;
+                at.push(t0.elapsed());
+            }
+            Ok(at)
+        });
+        let cfg = watch.until(
+            "every worker to be idle",
+            Duration::from_secs(120),
+            Duration::from_millis(5),
+            || {
+                // Asked before the load: a spawner done by then left every member it made in it.
+                let spawner_done = spawner.is_finished();
+                let cfg = roster.load()?;
+                let now = t0.elapsed();
+                for m in &cfg.members {
+                    if m.status == MemberStatus::Failed {
+                        bail!("{} failed: {}", m.name, m.reason.as_deref().unwrap_or("?"));
+                    }
+                    if m.status == MemberStatus::Idle && m.pid.is_some() {
+                        idle_at.entry(m.name.clone()).or_insert(now);
+                    }
+                }
+                if spawner_done && cfg.members.len() < names.len() {
+                    bail!("spawning stopped after {} members", cfg.members.len());
+                }
+                Ok((idle_at.len() == names.len()).then_some(cfg))
+            },
+        );
+        let spawned = spawner
+            .join()
+            .map_err(|_| anyhow::anyhow!("the spawning thread panicked"))?;
+        anyhow::Ok((spawned?, cfg?))
+    })?;
+    let spawn_calls = spawned_at.last().copied().unwrap_or_default();
+    let all_idle = t0.elapsed();
+    let mut times: Vec<f64> = idle_at.values().map(|d| d.as_secs_f64() * 1000.0).collect();
+    times.sort_by(f64::total_cmp);
+    // Each member's own spawn call -> idle.
+    let each: Vec<f64> = names
+        .iter()
+        .zip(&spawned_at)
+        .filter_map(|(n, at)| Some(idle_at.get(n)?.saturating_sub(*at).as_secs_f64() * 1000.0))
+        .collect();
+    let mut rss = Vec::new();
+    let mut anon = Vec::new();
+    for m in &cfg.members {
+        let pid = m.pid.context("an idle member without a pid")?;
+        pids_seen.push(pid);
+        let (r, an) = bench::vm_rss(pid).with_context(|| format!("no /proc/{pid}/status"))?;
+        rss.push(r as f64 / 1024.0);
+        anon.push(an as f64 / 1024.0);
+    }
+    let mean = |v: &[f64]| round3(v.iter().sum::<f64>() / v.len().max(1) as f64);
+    let max = |v: &[f64]| round3(v.iter().copied().fold(0.0, f64::max));
+    let polling = names
+        .iter()
+        .filter(|n| {
+            let log = team.root().join("logs").join(format!("{n}.log"));
+            std::fs::read_to_string(log).is_ok_and(|t| t.contains("falling back to polling"))
+        })
+        .count();
+    let doc = json!({
+        "workers": names.len(),
+        "measured": "first `spawn` (in-process ops::spawn, as `lead spawn` does) -> every member `idle` in config.json, with a supervisor already running",
+        "spawn_calls_ms": ms(spawn_calls),
+        "first_idle_ms": round3(times.first().copied().unwrap_or(0.0)),
+        "median_idle_ms": round3(times.get(times.len() / 2).copied().unwrap_or(0.0)),
+        "all_idle_ms": ms(all_idle),
+        "each_spawn_to_idle": Summary::of(&each),
+        "rss_mb_mean": mean(&rss),
+        "rss_mb_max": max(&rss),
+        "rss_anon_mb_mean": mean(&anon),
+        "supervisor_rss_mb": bench::vm_rss(sup_pid).map(|(r, _)| round3(r as f64 / 1024.0)),
+        "workers_on_polling_fallback": polling,
+    });
+    eprintln!(
+        "team: {} workers idle in {:.0} ms, RSS mean {:.2} MB (anon {:.2} MB), max {:.2} MB",
+        names.len(),
+        ms(all_idle),
+        mean(&rss),
+        mean(&anon),
+        max(&rss)
+    );
+    Ok(doc)
+}
+
+fn shutdown_phase(team: &TeamDir, watch: &RootWatch, names: &[String]) -> anyhow::Result<Value> {
+    eprintln!("team: {} shutdown round trips", names.len());
+    let mut trips = Vec::new();
+    let mut bad_exits = Vec::new();
+    for name in names {
+        let mut offset = events_len(team);
+        let t0 = Instant::now();
+        ops::request_shutdown(team, name, "bench: shutdown round trip", ops::SHUTDOWN_TTL)?;
+        let exit = watch.until(
+            &format!("{name} to exit"),
+            Duration::from_secs(30),
+            Duration::ZERO,
+            || find_event(team, &mut offset, "exit", name),
+        )?;
+        trips.push(t0.elapsed().as_secs_f64() * 1000.0);
+        if exit["code"] != 0 {
+            bad_exits.push(json!({"name": name, "code": exit["code"], "signal": exit["signal"]}));
+        }
+    }
+    let s = Summary::of(&trips).context("no shutdown samples")?;
+    eprintln!(
+        "team: shutdown round trip p50 {:.1} ms, p99 {:.1} ms",
+        s.p50_ms, s.p99_ms
+    );
+    let mut doc = serde_json::to_value(&s)?;
+    doc["measured"] = json!(
+        "request_shutdown (request file + message) -> the supervisor's `exit` event for the worker"
+    );
+    doc["non_zero_exits"] = json!(bad_exits);
+    Ok(doc)
+}
+
+fn recovery_phase(
+    team: &TeamDir,
+    watch: &RootWatch,
+    names: &[String],
+    delay_flag: bool,
+    default_backoff_secs: f64,
+    pids_seen: &mut Vec<u32>,
+) -> anyhow::Result<Value> {
+    eprintln!("team: {} kill -9 recoveries", names.len());
+    let roster = Roster::new(team);
+    let mut totals = Vec::new();
+    let mut backoffs = Vec::new();
+    let mut minus = Vec::new();
+    for name in names {
+        let m = roster.load()?.require(name)?.clone();
+        let pid = m.pid.with_context(|| format!("{name} has no pid"))?;
+        let old = m.incarnation;
+        let mut offset = events_len(team);
+        let mut backoff: Option<f64> = None;
+        let t0 = Instant::now();
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL)
+            .with_context(|| format!("failed to kill {name} (pid {pid})"))?;
+        let new_pid = watch.until(
+            &format!("{name} to be idle again"),
+            Duration::from_secs(60),
+            Duration::ZERO,
+            || {
+                if backoff.is_none()
+                    && let Some(e) = find_event(team, &mut offset, "restart_scheduled", name)?
+                {
+                    backoff = e["in_secs"].as_f64();
+                }
+                let cfg = roster.load()?;
+                let m = cfg.require(name)?;
+                if m.status == MemberStatus::Failed {
+                    bail!("{name} failed: {}", m.reason.as_deref().unwrap_or("?"));
+                }
+                Ok((m.status == MemberStatus::Idle && m.incarnation > old)
+                    .then_some(m.pid)
+                    .flatten()
+                    .filter(|&p| p != pid))
+            },
+        )?;
+        let total = t0.elapsed().as_secs_f64() * 1000.0;
+        pids_seen.push(new_pid);
+        let b = backoff.unwrap_or(default_backoff_secs) * 1000.0;
+        totals.push(total);
+        backoffs.push(b);
+        minus.push(total - b);
+    }
+    let t = Summary::of(&totals).context("no recovery samples")?;
+    let r = Summary::of(&minus).context("no recovery samples")?;
+    let b = Summary::of(&backoffs).context("no recovery samples")?;
+    eprintln!(
+        "team: recovery after kill -9 p50 {:.1} ms (backoff {:.0} ms, rest {:.1} ms)",
+        t.p50_ms, b.p50_ms, r.p50_ms
+    );
+    Ok(json!({
+        "measured": "SIGKILL of an idle worker -> `idle` again in config.json with a higher incarnation",
+        "samples": t.samples,
+        "total_ms_p50": t.p50_ms,
+        "total_ms_max": t.max_ms,
+        "backoff_ms": b.p50_ms,
+        "backoff_from": if delay_flag { "lead run --restart-delay" } else { "the supervisor's built-in first restart delay" },
+        "minus_backoff_ms_p50": r.p50_ms,
+        "minus_backoff_ms_max": r.max_ms,
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
 
 fn tempfile_dir(base: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let base = base.unwrap_or_else(std::env::temp_dir);
@@ -85,7 +731,7 @@ fn tempfile_dir(base: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-fn machine() -> serde_json::Value {
+fn machine(scratch: &Path) -> Value {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = nix::sys::utsname::uname()
         .map(|u| {
@@ -96,7 +742,27 @@ fn machine() -> serde_json::Value {
             )
         })
         .unwrap_or_default();
-    json!({"cores": cores, "kernel": kernel, "arch": std::env::consts::ARCH})
+    json!({
+        "cores": cores,
+        "kernel": kernel,
+        "arch": std::env::consts::ARCH,
+        "scratch_fs": scratch_fs(scratch),
+    })
+}
+
+/// The filesystem type of the mount holding `dir` (fsync costs differ: tmpfs makes it free).
+fn scratch_fs(dir: &Path) -> Option<String> {
+    let dir = dir.canonicalize().ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_dev, mnt, fs) = (f.next()?, f.next()?, f.next()?);
+            dir.starts_with(mnt).then(|| (mnt.len(), fs.to_owned()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, fs)| fs)
 }
 
 fn git_commit() -> Option<String> {

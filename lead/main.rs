@@ -62,6 +62,9 @@ enum Cmd {
     /// Internal: one writer process of `lead bench`.
     #[command(hide = true)]
     BenchWriter(bench::WriterArgs),
+    /// Internal: the idle recipient of `lead bench`'s wake-up latency.
+    #[command(hide = true)]
+    BenchWaiter(bench::WaiterArgs),
 }
 
 fn main() -> ExitCode {
@@ -114,6 +117,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args),
         Cmd::BenchWriter(args) => bench::writer(args),
+        Cmd::BenchWaiter(args) => bench::waiter(args),
     }
 }
 

@@ -5,10 +5,20 @@
 //! reference design (unlocked appends; the reader reads the file, then truncates it, without the
 //! writers' lock). Writers are separate processes (the `lead` binary re-run with a hidden
 //! subcommand), as they are in a real team.
+//!
+//! [`wake_latency`] measures send -> recipient-awake latency: a waiter process ([`run_waiter`])
+//! blocks on its inbox exactly as an idle worker does ([`InboxWaiter::wait`], then
+//! [`Inbox::drain`] into a journal) and reports, on its stdout, the `CLOCK_MONOTONIC` instants
+//! at which it woke and finished draining; the sender appends one message at a time with
+//! [`Durability::Sync`] (as `lead send` does) and waits for each report before the next send.
+//!
+//! The team-level measurements (100 workers, shutdown round trip, recovery after `kill -9`) need
+//! the supervisor and live in the `lead` binary; [`Summary`], [`vm_rss`] and [`monotonic_ns`]
+//! are shared with them.
 
 use std::collections::HashSet;
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,6 +30,7 @@ use crate::inbox::{Durability, Inbox};
 use crate::message::{Message, MessageType};
 use crate::teamdir::{AgentName, TeamDir};
 use crate::transcript::Journal;
+use crate::wait::{InboxWaiter, Wake};
 
 /// Which append/drain discipline a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -193,4 +204,220 @@ fn naive_drain(path: &Path) -> Result<Vec<Message>> {
         .split(|&b| b == b'\n')
         .filter_map(|l| Message::parse_line(l).ok())
         .collect())
+}
+
+/// Nanoseconds on `CLOCK_MONOTONIC`: one clock for every process of the machine, so instants
+/// taken in two processes can be subtracted.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes one timespec into `ts`, which is valid and ours.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Percentiles of a set of durations, in milliseconds (nearest rank).
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+}
+
+impl Summary {
+    /// Summarizes `ms`; `None` when it is empty.
+    pub fn of(ms: &[f64]) -> Option<Summary> {
+        if ms.is_empty() {
+            return None;
+        }
+        let mut v = ms.to_vec();
+        v.sort_by(f64::total_cmp);
+        let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Some(Summary {
+            samples: v.len(),
+            p50_ms: round3(rank(0.50)),
+            p99_ms: round3(rank(0.99)),
+            max_ms: round3(v[v.len() - 1]),
+            mean_ms: round3(v.iter().sum::<f64>() / v.len() as f64),
+        })
+    }
+}
+
+/// Rounds to three decimals (microseconds, for milliseconds), to keep the JSON readable.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Resident set size of a process from `/proc/PID/status`, in KiB: `(VmRSS, RssAnon)`.
+/// `VmRSS` counts the shared pages of the binary and libraries too; `RssAnon` is the process's
+/// own heap and stacks.
+pub fn vm_rss(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    Some((field("VmRSS:")?, field("RssAnon:").unwrap_or(0)))
+}
+
+/// The waiter's inbox name.
+fn waiter_name() -> AgentName {
+    AgentName::teammate("waiter").expect("valid name")
+}
+
+/// Content of the message that ends [`run_waiter`].
+const WAITER_STOP: &str = "stop";
+
+/// The recipient side of [`wake_latency`], run in a child process: blocks on its inbox as an
+/// idle worker does and, per drain, writes `WOKE_NS DRAINED_NS COUNT` (monotonic instants) to
+/// `out`. First writes `ready inotify` or `ready polling`. Returns after a message saying
+/// `stop`, or when `out` is closed.
+pub fn run_waiter(team: &Path, out: &mut dyn Write) -> Result<()> {
+    let team = TeamDir::open(team)?;
+    let name = waiter_name();
+    let inbox = Inbox::new(&team, &name);
+    let mut waiter = InboxWaiter::new(&inbox)?;
+    let (mut journal, _) = Journal::open(&team, &name)?;
+    let mode = if waiter.uses_inotify() {
+        "inotify"
+    } else {
+        "polling"
+    };
+    let report = |out: &mut dyn Write, line: String| {
+        out.write_all(line.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(Error::io("report to", "the bench"))
+    };
+    report(out, format!("ready {mode}\n"))?;
+    loop {
+        if waiter.wait(None, &[])? != Wake::Message {
+            continue;
+        }
+        let woke = monotonic_ns();
+        let msgs = inbox.drain(&mut journal)?;
+        let drained = monotonic_ns();
+        if msgs.is_empty() {
+            continue;
+        }
+        report(out, format!("{woke} {drained} {}\n", msgs.len()))?;
+        if msgs.iter().any(|m| m.content == WAITER_STOP) {
+            return Ok(());
+        }
+    }
+}
+
+/// Result of [`wake_latency`].
+#[derive(Debug, Clone, Serialize)]
+pub struct WakeResult {
+    /// How the waiter slept: `inotify`, or `polling` (the fallback).
+    pub waiter_mode: String,
+    /// Send start (before the append) to the end of the recipient's drain.
+    pub send_to_drained: Summary,
+    /// Send start to the recipient's return from `InboxWaiter::wait`.
+    pub send_to_woken: Summary,
+    /// The sender's append with fdatasync alone.
+    pub append_sync: Summary,
+}
+
+/// Kills and reaps a child process when dropped (error paths of a bench).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Measures send -> recipient-awake latency over `samples` messages, one at a time, each sent
+/// `gap` after the previous one was drained (so the recipient is asleep again).
+/// `waiter_cmd(team)` builds the command that runs [`run_waiter`] in a child process.
+pub fn wake_latency(
+    scratch: &Path,
+    samples: usize,
+    gap: Duration,
+    waiter_cmd: &dyn Fn(&Path) -> Command,
+) -> Result<WakeResult> {
+    let root = scratch.join("wake");
+    let team = TeamDir::create(&root)?;
+    let name = waiter_name();
+    let inbox = Inbox::new(&team, &name);
+    let child = waiter_cmd(team.root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(Error::io("spawn bench waiter", "lead"))?;
+    let mut child = KillOnDrop(child);
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut next_line = || -> Result<String> {
+        match lines.next() {
+            Some(Ok(l)) => Ok(l),
+            Some(Err(e)) => Err(Error::io("read from", "the bench waiter")(e)),
+            None => Err(Error::Protocol("the bench waiter exited early".into())),
+        }
+    };
+    let ready = next_line()?;
+    let waiter_mode = ready
+        .strip_prefix("ready ")
+        .ok_or_else(|| Error::Protocol(format!("bench waiter said {ready:?}")))?
+        .to_owned();
+    let (mut drained_ms, mut woken_ms, mut append_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..=samples {
+        std::thread::sleep(gap);
+        let last = i == samples;
+        let text = if last {
+            WAITER_STOP.to_owned()
+        } else {
+            format!("wake {i}")
+        };
+        let m = Message::new(MessageType::Message, "lead", name.as_str(), text);
+        let start = monotonic_ns();
+        inbox.append(&m, Durability::Sync)?;
+        let appended = monotonic_ns();
+        let line = next_line()?;
+        let nums: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let [woke, drained, count] = nums[..] else {
+            return Err(Error::Protocol(format!("bench waiter said {line:?}")));
+        };
+        if count != 1 {
+            return Err(Error::Protocol(format!(
+                "bench waiter drained {count} messages at once; expected 1"
+            )));
+        }
+        if last {
+            break;
+        }
+        let ms = |t: u64| t.saturating_sub(start) as f64 / 1e6;
+        drained_ms.push(ms(drained));
+        woken_ms.push(ms(woke));
+        append_ms.push(ms(appended));
+    }
+    let status = child
+        .0
+        .wait()
+        .map_err(Error::io("wait for bench waiter", "lead"))?;
+    if !status.success() {
+        return Err(Error::Protocol(format!("bench waiter failed: {status}")));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let none = || Error::Protocol("no wake-up samples".into());
+    Ok(WakeResult {
+        waiter_mode,
+        send_to_drained: Summary::of(&drained_ms).ok_or_else(none)?,
+        send_to_woken: Summary::of(&woken_ms).ok_or_else(none)?,
+        append_sync: Summary::of(&append_ms).ok_or_else(none)?,
+    })
 }
