@@ -164,6 +164,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     let mut doc = json!({
         "machine": machine(scratch),
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "settings": {
             "messages_per_writer": a.messages,
             "wake_samples": a.wake_samples,
@@ -763,6 +764,15 @@ fn scratch_fs(dir: &Path) -> Option<String> {
         })
         .max_by_key(|(len, _)| *len)
         .map(|(_, fs)| fs)
+}
+
+/// Whether the working tree differs from the commit (the binaries measured were built from it).
+fn git_dirty() -> Option<bool> {
+    let out = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()?;
+    out.status.success().then_some(!out.stdout.is_empty())
 }
 
 fn git_commit() -> Option<String> {
