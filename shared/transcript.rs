@@ -124,7 +124,7 @@ impl Journal {
             if line.is_empty() {
                 continue;
             }
-            match serde_json::from_slice::<Entry>(line) {
+            match parse_entry(line) {
                 Ok(entry) => {
                     if let Entry::Inbox { message } = &entry {
                         self.seen.insert(message.id.clone());
@@ -190,7 +190,7 @@ impl Journal {
         if items.is_empty() {
             return Ok(());
         }
-        const HEAD: &[u8] = b"{\"kind\":\"inbox\",\"message\":";
+        const HEAD: &[u8] = INBOX_HEAD;
         let mut buf = Vec::with_capacity(
             items
                 .iter()
@@ -233,8 +233,27 @@ pub fn read_entries(path: &Path) -> Result<Vec<Entry>> {
     Ok(bytes[..complete]
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
-        .filter_map(|l| serde_json::from_slice(l).ok())
+        .filter_map(|l| parse_entry(l).ok())
         .collect())
+}
+
+/// How [`Journal::append_inbox_lines`] starts a line; the raw message and `}` follow.
+const INBOX_HEAD: &[u8] = b"{\"kind\":\"inbox\",\"message\":";
+
+/// Parses one journal line. A line that [`Journal::append_inbox_lines`] wrote around a raw inbox
+/// line is read back the way the drain read that line when it fails as an [`Entry`]: a message
+/// may carry unknown fields (nested deeper than serde_json's recursion limit, numbers out of
+/// range, invalid UTF-8, lone surrogates) that the envelope skips but the internally tagged
+/// `Entry`, which buffers every field, refuses; without this the consumed message would vanish
+/// from the journal.
+fn parse_entry(line: &[u8]) -> serde_json::Result<Entry> {
+    serde_json::from_slice(line).or_else(|e| {
+        line.strip_prefix(INBOX_HEAD)
+            .and_then(|rest| rest.strip_suffix(b"}"))
+            .and_then(|raw| Message::parse_line(raw).ok())
+            .map(|message| Entry::Inbox { message })
+            .ok_or(e)
+    })
 }
 
 #[cfg(test)]
