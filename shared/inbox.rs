@@ -310,7 +310,7 @@ impl InboxWriter {
         self.buf.clear();
         self.buf.push(b'\n');
         self.buf.extend_from_slice(line);
-        let _guard: LockGuard<'_> = fsutil::lock_exclusive(&self.lock, &inbox.lock_path)?;
+        let guard: LockGuard<'_> = fsutil::lock_exclusive(&self.lock, &inbox.lock_path)?;
         let len = self.buf.len() as u64;
         if !self.checked_once || self.unchecked + len > inbox.cap / 64 {
             let size = self
@@ -332,6 +332,9 @@ impl InboxWriter {
             .write_all(&self.buf)
             .map_err(Error::io("append to inbox", &inbox.path))?;
         self.unchecked += len;
+        // The line is in the file: the lock has done its job. Waiting for the disk outside it
+        // keeps the recipient's drain (and every other writer) from waiting for our sync too.
+        drop(guard);
         if durability == Durability::Sync {
             fsutil::sync_data(&self.file, &inbox.path)?;
         }
