@@ -68,11 +68,6 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -81,6 +76,17 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // The conversational commands share the terminal with a person: only warnings there.
+    let level = match cli.command {
+        Cmd::Chat(_) | Cmd::Demo(_) => tracing::Level::WARN,
+        _ => tracing::Level::INFO,
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_max_level(level)
+        .init();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -16,7 +16,6 @@
 //! the supervisor and live in the `lead` binary; [`Summary`], [`vm_rss`] and [`monotonic_ns`]
 //! are shared with them.
 
-use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -137,7 +136,7 @@ pub fn inbox_throughput(
     // Let every writer reach its wait loop before starting the clock.
     std::thread::sleep(Duration::from_millis(200));
     let (mut journal, _) = Journal::open(&team, &name)?;
-    let mut seen = HashSet::new();
+    let mut seen = crate::ids::IdSet::default();
     let mut delivered = 0u64;
     let mut duplicates = 0u64;
     let mut count = |msgs: Vec<Message>| {
