@@ -46,12 +46,54 @@ pub struct RunArgs {
     /// Restarts allowed within --restart-window seconds before a member is marked failed.
     #[arg(long, default_value_t = 5)]
     max_restarts: usize,
+    /// Seconds over which --max-restarts restarts mark a member failed.
     #[arg(long, default_value_t = 60)]
     restart_window: u64,
+    /// Seconds before the first restart after an unexpected exit; each further restart waits
+    /// twice as long as the one before, up to --restart-delay-max, and a member that stayed up
+    /// a minute starts again from this delay.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_secs)]
+    restart_delay: f64,
+    /// The longest wait before a restart, in seconds.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_secs)]
+    restart_delay_max: f64,
+}
+
+/// The longest delay accepted, in seconds (about 31 years): far beyond any use, and small
+/// enough that adding it to an `Instant` cannot overflow.
+const MAX_DELAY_SECS: f64 = 1e9;
+
+/// A number of seconds (fractions allowed) from 0 to [`MAX_DELAY_SECS`].
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|e| format!("not a number of seconds: {e}"))?;
+    if !(0.0..=MAX_DELAY_SECS).contains(&secs) {
+        return Err(format!("must be from 0 to {MAX_DELAY_SECS} seconds"));
+    }
+    Ok(secs)
 }
 
 /// Exit codes after which a worker is never restarted.
 const NO_RESTART: [i32; 3] = [0, 64, 78];
+
+/// A member that stayed up this long before an unexpected exit restarts after the first delay
+/// again, not after a doubled one.
+const HEALTHY_UPTIME: Duration = Duration::from_secs(60);
+
+/// The wait before a restart: `first` after a healthy run (or the first exit), else twice the
+/// previous wait; never more than `max` (so a `first` above `max` waits `max`).
+fn restart_delay(
+    prev: Option<Duration>,
+    healthy: bool,
+    first: Duration,
+    max: Duration,
+) -> Duration {
+    match prev {
+        Some(d) if !healthy => d.saturating_mul(2).min(max),
+        _ => first.min(max),
+    }
+}
 
 struct Running {
     child: Child,
@@ -337,12 +379,15 @@ impl Supervisor {
             }
         };
         if restart {
-            let healthy = now.duration_since(r.started) >= Duration::from_secs(60);
+            let healthy = now.duration_since(r.started) >= HEALTHY_UPTIME;
             let prev = self.backoff.get(name).map(|(d, _)| *d);
-            let delay = match prev {
-                Some(d) if !healthy => (d * 2).min(Duration::from_secs(60)),
-                _ => Duration::from_secs(1),
-            };
+            let delay = restart_delay(
+                prev,
+                healthy,
+                // Both were checked by `parse_secs`.
+                Duration::from_secs_f64(self.args.restart_delay),
+                Duration::from_secs_f64(self.args.restart_delay_max),
+            );
             self.backoff.insert(name.to_owned(), (delay, now + delay));
             events::log(
                 &self.team,
@@ -706,5 +751,46 @@ pub fn start_background(
             anyhow::bail!("the supervisor did not become ready within 30 s");
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_delay_doubles_to_the_cap_and_resets_after_a_healthy_run() {
+        let (first, max) = (Duration::from_millis(50), Duration::from_millis(500));
+        let mut prev = None;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let d = restart_delay(prev, false, first, max);
+            seen.push(d.as_millis());
+            prev = Some(d);
+        }
+        assert_eq!(seen, [50, 100, 200, 400, 500, 500]);
+        assert_eq!(restart_delay(prev, true, first, max), first);
+        // The defaults: 1 s doubling to 60 s.
+        let (first, max) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(
+            restart_delay(Some(Duration::from_secs(32)), false, first, max),
+            max
+        );
+        assert_eq!(restart_delay(None, false, first, max), first);
+        // A first delay above the cap waits the cap; a zero delay stays zero.
+        assert_eq!(restart_delay(None, false, max * 2, max), max);
+        let zero = Duration::ZERO;
+        assert_eq!(restart_delay(Some(zero), false, zero, max), zero);
+    }
+
+    #[test]
+    fn delays_must_be_finite_and_not_negative() {
+        assert_eq!(parse_secs("0.05"), Ok(0.05));
+        assert_eq!(parse_secs("0"), Ok(0.0));
+        assert_eq!(parse_secs("60"), Ok(60.0));
+        assert_eq!(parse_secs("1e9"), Ok(1e9));
+        for bad in ["-1", "-0.001", "NaN", "inf", "1e10", "soon", ""] {
+            assert!(parse_secs(bad).is_err(), "{bad} accepted");
+        }
     }
 }
