@@ -199,9 +199,7 @@ impl Lead {
                     Block::Text { text } if !text.trim().is_empty() => show(Shown::Text(text)),
                     Block::ToolUse { id, name, input } => {
                         let output = if response.stop_reason == StopReason::MaxTokens {
-                            ToolOutput::error(
-                                "not run: the response hit max_tokens before this tool call was complete; send a shorter call",
-                            )
+                            ToolOutput::cut_short()
                         } else {
                             self.run_tool(name, input, &mut inbox_ids)
                         };

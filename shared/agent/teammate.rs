@@ -315,9 +315,7 @@ impl Teammate {
             let mut inbox_ids = Vec::new();
             for (id, name, input) in uses {
                 let out = if response.stop_reason == StopReason::MaxTokens {
-                    ToolOutput::error(
-                        "not run: the response hit max_tokens before this tool call was complete; send a shorter call",
-                    )
+                    ToolOutput::cut_short()
                 } else {
                     self.run_tool(&name, &input, &mut inbox_ids)
                 };

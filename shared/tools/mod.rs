@@ -35,6 +35,14 @@ impl ToolOutput {
         }
     }
 
+    /// The result of a tool use in a response cut off by `max_tokens`: its input may be
+    /// incomplete, so it is not run.
+    pub fn cut_short() -> ToolOutput {
+        ToolOutput::error(
+            "not run: the response hit max_tokens before this tool call was complete; send a shorter call",
+        )
+    }
+
     /// An error result: the model reads the text and carries on.
     pub fn error(content: impl Into<String>) -> ToolOutput {
         ToolOutput {
