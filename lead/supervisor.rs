@@ -25,8 +25,11 @@ use serde_json::json;
 use troupe::config::{ExitInfo, MemberStatus, Roster};
 use troupe::events;
 use troupe::fsutil::{self, HeldLock};
+use troupe::inbox::{Durability, Inbox};
+use troupe::message::{Message, MessageType};
 use troupe::ops;
 use troupe::requests::{RequestKind, RequestStatus, RequestStore};
+use troupe::teamdir::LEAD;
 use troupe::{AgentName, TeamDir};
 
 #[derive(Debug, clap::Args)]
@@ -414,6 +417,20 @@ impl Supervisor {
                 "failed",
                 json!({"name": name, "reason": reason}),
             );
+            // The lead (a person's `lead inbox`, or the LLM lead, which takes a turn for it)
+            // hears of it, instead of waiting for a teammate that will not come back.
+            let why = reason.as_deref().unwrap_or("gave up");
+            let note = Message::new(
+                MessageType::StatusUpdate,
+                name,
+                LEAD,
+                format!("{name} failed and will not be restarted: {why}"),
+            );
+            if let Err(e) =
+                Inbox::new(&self.team, &AgentName::lead()).append(&note, Durability::Sync)
+            {
+                tracing::warn!("could not tell the lead that {name} failed: {e}");
+            }
         }
         Ok(())
     }

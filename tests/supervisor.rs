@@ -116,6 +116,14 @@ fn config_error_is_not_restarted_and_crash_loops_end_failed() {
     assert_eq!(m.incarnation, 1, "exit 78 must not be restarted");
     assert_eq!(m.last_exit.unwrap().code, Some(78));
     assert!(m.reason.unwrap().contains("configuration error"));
+    // The lead is told, as a status update from the member.
+    let note = wait_until(T, "the lead told of the failure", || {
+        team.lead_inbox()
+            .into_iter()
+            .find(|m| m.kind == troupe::message::MessageType::StatusUpdate)
+    });
+    assert_eq!(note.from, "bo");
+    assert!(note.content.contains("failed") && note.content.contains("configuration error"));
 }
 
 #[test]
