@@ -6,12 +6,9 @@
 //! when it exits (the child also gets SIGTERM, hence a graceful stop, if `chat` dies).
 
 use std::io::Write;
-use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -23,7 +20,7 @@ use troupe::fsutil::HeldLock;
 use troupe::llm::{self, LlmError, Provider};
 use troupe::message::Message;
 use troupe::tools;
-use troupe::wait::{InboxWaiter, Wake};
+use troupe::wait::{InboxWaiter, Signals, Wake};
 use troupe::{AgentName, TeamDir};
 
 use crate::supervisor::{self, Attach};
@@ -116,30 +113,6 @@ impl OwnSupervisor {
     }
 }
 
-/// SIGINT/SIGTERM as a flag plus a descriptor that becomes readable, so waits wake at once.
-pub struct Signals {
-    pub term: Arc<AtomicBool>,
-    wake: UnixStream,
-}
-
-impl Signals {
-    pub fn install() -> anyhow::Result<Signals> {
-        let term = Arc::new(AtomicBool::new(false));
-        let (wake, wake_w) = UnixStream::pair().context("failed to create the signal pipe")?;
-        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-            signal_hook::flag::register(sig, term.clone())
-                .context("failed to install signal handler")?;
-            signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)
-                .context("failed to install signal handler")?;
-        }
-        Ok(Signals { term, wake })
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.wake.as_fd()
-    }
-}
-
 /// Builds the lead's settings from the chat flags.
 fn settings(team: &TeamDir, workdir: &Path, a: &ChatArgs) -> LeadSettings {
     LeadSettings {
@@ -168,7 +141,7 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
             return Ok(e.exit_code());
         }
     };
-    let signals = Signals::install()?;
+    let signals = Signals::install().context("failed to install signal handlers")?;
     let mut lead = Lead::open(
         settings(&team, &workdir, &a),
         provider,

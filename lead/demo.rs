@@ -25,7 +25,8 @@ use troupe::events;
 use troupe::requests::RequestStore;
 use troupe::{TeamDir, fsutil};
 
-use crate::chat::{self, EnvOverlay, OwnSupervisor, Signals};
+use crate::chat::{self, EnvOverlay, OwnSupervisor};
+use troupe::wait::Signals;
 
 /// The cassette the demo replays.
 const CASSETTE: &str = include_str!("../scripts/demo.cassette.jsonl");
@@ -111,7 +112,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
     );
     println!("the person asks the lead: {PROMPT}\n");
     let started = Instant::now();
-    let signals = Signals::install()?;
+    let signals = Signals::install().context("failed to install signal handlers")?;
     let settings = LeadSettings {
         team: team.clone(),
         workdir: workdir.clone(),

@@ -168,3 +168,31 @@ impl InboxWaiter {
         }
     }
 }
+
+/// SIGTERM and SIGINT as a flag plus a descriptor that becomes readable when one arrives, so a
+/// wait (`InboxWaiter::wait` with [`Signals::fd`] among its extra descriptors) wakes at once and
+/// the loop can finish its step. Used by the worker and by `lead chat`.
+#[derive(Debug)]
+pub struct Signals {
+    /// Set by the handler; loops check it between steps.
+    pub term: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    wake: std::os::unix::net::UnixStream,
+}
+
+impl Signals {
+    /// Installs the handlers (for the life of the process).
+    pub fn install() -> std::io::Result<Signals> {
+        let term = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (wake, wake_w) = std::os::unix::net::UnixStream::pair()?;
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            signal_hook::flag::register(sig, term.clone())?;
+            signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)?;
+        }
+        Ok(Signals { term, wake })
+    }
+
+    /// Readable once a signal has arrived.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+}

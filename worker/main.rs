@@ -4,17 +4,15 @@
 //! a signal (SIGTERM/SIGINT: finish the current step, persist, exit 143), or a fatal provider
 //! error (75 transient, 78 configuration). Exit codes are decided here, in one place.
 
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use troupe::agent::teammate::{Outcome, Settings, Teammate};
 use troupe::fsutil::HeldLock;
+use troupe::wait::Signals;
 use troupe::{AgentName, TeamDir};
 
 /// Run one teammate of a troupe team.
@@ -82,15 +80,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
     let name = AgentName::teammate(&a.name)?;
     let team = TeamDir::open(&a.team_dir)?;
     watch_parent();
-    let term = Arc::new(AtomicBool::new(false));
-    let (wake_r, wake_w) =
-        std::os::unix::net::UnixStream::pair().context("failed to create the signal pipe")?;
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, term.clone())
-            .context("failed to install signal handler")?;
-        signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)
-            .context("failed to install signal handler")?;
-    }
+    let signals = Signals::install().context("failed to install signal handlers")?;
     // One live process per teammate: wait briefly for a predecessor that is finishing its step.
     let lock_path = team.transcript_lock(&name);
     troupe::fsutil::create_dir(&team.transcripts_dir())?;
@@ -126,8 +116,8 @@ fn run(a: Args) -> anyhow::Result<u8> {
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(a.bash_timeout),
     };
-    let mut mate = Teammate::open(settings, provider, term)?;
-    Ok(match mate.run(wake_r.as_fd())? {
+    let mut mate = Teammate::open(settings, provider, signals.term.clone())?;
+    Ok(match mate.run(signals.fd())? {
         Outcome::Shutdown => 0,
         Outcome::Terminated => EXIT_TERM,
         Outcome::Llm(e) => {
