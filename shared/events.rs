@@ -46,11 +46,16 @@ pub fn read_all(team: &TeamDir) -> Result<Vec<Value>> {
     let Some(bytes) = fsutil::read_optional(&team.events())? else {
         return Ok(Vec::new());
     };
-    Ok(bytes
+    Ok(parse_lines(&bytes))
+}
+
+/// The events among `bytes`, one JSON object per line; unreadable lines are skipped.
+fn parse_lines(bytes: &[u8]) -> Vec<Value> {
+    bytes
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
         .filter_map(|l| serde_json::from_slice(l).ok())
-        .collect())
+        .collect()
 }
 
 /// Reads the complete event lines after byte `offset`, returning them with the offset just past
@@ -69,10 +74,5 @@ pub fn read_from(team: &TeamDir, offset: u64) -> Result<(Vec<Value>, u64)> {
     let mut buf = Vec::new();
     f.read_to_end(&mut buf).map_err(Error::io("read", &path))?;
     let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let events = buf[..complete]
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .filter_map(|l| serde_json::from_slice(l).ok())
-        .collect();
-    Ok((events, offset + complete as u64))
+    Ok((parse_lines(&buf[..complete]), offset + complete as u64))
 }

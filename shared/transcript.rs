@@ -166,18 +166,25 @@ impl Journal {
                 .map_err(|e| Error::Protocol(format!("failed to serialize journal entry: {e}")))?;
             buf.push(b'\n');
         }
-        // Another consumer of this journal may have appended since our last scan; scan it first
-        // so that `scanned` keeps pointing at the end of what we have read.
-        self.refresh()?;
-        (&self.file)
-            .write_all(&buf)
-            .map_err(Error::io("append to", &self.path))?;
-        fsutil::sync_data(&self.file, &self.path)?;
+        self.write_synced(&buf)?;
         for entry in entries {
             if let Entry::Inbox { message } = entry {
                 self.seen.insert(message.id.clone());
             }
         }
+        Ok(())
+    }
+
+    /// Appends whole lines with one write and fdatasyncs them, keeping `scanned` at the end of
+    /// what this journal has read.
+    fn write_synced(&mut self, buf: &[u8]) -> Result<()> {
+        // Another consumer of this journal may have appended since our last scan; scan it first
+        // so that `scanned` keeps pointing at the end of what we have read.
+        self.refresh()?;
+        (&self.file)
+            .write_all(buf)
+            .map_err(Error::io("append to", &self.path))?;
+        fsutil::sync_data(&self.file, &self.path)?;
         self.scanned += buf.len() as u64;
         Ok(())
     }
@@ -202,14 +209,9 @@ impl Journal {
             buf.extend_from_slice(raw);
             buf.extend_from_slice(b"}\n");
         }
-        self.refresh()?;
-        (&self.file)
-            .write_all(&buf)
-            .map_err(Error::io("append to", &self.path))?;
-        fsutil::sync_data(&self.file, &self.path)?;
+        self.write_synced(&buf)?;
         self.seen
             .extend(items.iter().map(|(_, id)| (*id).to_owned()));
-        self.scanned += buf.len() as u64;
         Ok(())
     }
 
