@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 use troupe::config::{MemberStatus, Roster};
 use troupe::inbox::Inbox;
+use troupe::liveness;
 use troupe::message::Message;
 use troupe::ops::{self, SpawnSpec};
 use troupe::requests::{RequestStatus, RequestStore};
@@ -148,41 +149,47 @@ pub struct ListArgs {
 }
 
 pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
-    let cfg = Roster::new(team).load()?;
+    let cfg = match Roster::new(team).load() {
+        Ok(cfg) => cfg,
+        Err(e @ troupe::Error::Corrupt { .. }) => return config_unreadable(team, &e, a.json),
+        Err(e) => return Err(e.into()),
+    };
     let pending = RequestStore::new(team).list(Some(RequestStatus::Pending))?;
-    let rows: Vec<Value> = cfg
-        .members
-        .iter()
-        .map(|m| {
-            let p: Vec<&str> = pending
-                .iter()
-                .filter(|r| r.to == m.name || r.from == m.name)
-                .map(|r| r.request_id.as_str())
-                .collect();
-            json!({
-                "name": m.name, "role": m.role, "status": m.status, "pid": m.pid,
-                "incarnation": m.incarnation, "restarts": m.restarts, "last_exit": m.last_exit,
-                "usage": m.usage, "calls": m.calls, "pending_requests": p, "reason": m.reason,
-            })
-        })
-        .collect();
+    let now = troupe::fsutil::now();
+    let pending_of = |name: &str| -> Vec<&str> {
+        pending
+            .iter()
+            .filter(|r| r.to == name || r.from == name)
+            .map(|r| r.request_id.as_str())
+            .collect()
+    };
+    let doings: Vec<liveness::Doing> = cfg.members.iter().map(|m| doing(team, m)).collect();
     if a.json {
+        let rows: Vec<Value> = cfg
+            .members
+            .iter()
+            .zip(&doings)
+            .map(|(m, d)| {
+                json!({
+                    "name": m.name, "role": m.role, "status": m.status, "pid": m.pid,
+                    "incarnation": m.incarnation, "restarts": m.restarts, "last_exit": m.last_exit,
+                    "usage": m.usage, "calls": m.calls, "pending_requests": pending_of(&m.name),
+                    "reason": m.reason, "doing": d,
+                })
+            })
+            .collect();
         println!("{}", json!({"team_name": cfg.team_name, "members": rows}));
         return Ok(0);
     }
     println!(
-        "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  PENDING",
-        "NAME", "ROLE", "STATUS", "PID", "INC", "RESTARTS", "LAST_EXIT", "TOKENS"
+        "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  {:<9} DOING",
+        "NAME", "ROLE", "STATUS", "PID", "INC", "RESTARTS", "LAST_EXIT", "TOKENS", "PENDING"
     );
-    for m in &cfg.members {
+    for (m, d) in cfg.members.iter().zip(&doings) {
         let tokens = m.usage.input_tokens + m.usage.output_tokens;
-        let p: Vec<&str> = pending
-            .iter()
-            .filter(|r| r.to == m.name || r.from == m.name)
-            .map(|r| r.request_id.as_str())
-            .collect();
+        let p = pending_of(&m.name);
         println!(
-            "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  {}{}",
+            "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  {:<9} {}{}",
             m.name,
             m.role,
             m.status,
@@ -198,12 +205,54 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             } else {
                 p.join(",")
             },
+            liveness::describe(d, now),
             m.reason
                 .as_ref()
                 .map_or(String::new(), |r| format!("  ({r})")),
         );
     }
     Ok(0)
+}
+
+/// What member `m` is doing: its record, whether its process lives, and when its journal was
+/// last written.
+fn doing(team: &TeamDir, m: &troupe::config::Member) -> liveness::Doing {
+    let alive = m.pid.is_some_and(liveness::pid_alive);
+    let journal_at = AgentName::teammate(&m.name)
+        .ok()
+        .and_then(|n| std::fs::metadata(team.transcript(&n)).ok())
+        .and_then(|md| md.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64());
+    liveness::doing(m, alive, journal_at)
+}
+
+/// `lead status` when config.json does not parse: says so and since when (its last change),
+/// on stderr and, with `--json`, as `config_error`; exits 1. A running supervisor carries on
+/// with its last good copy meanwhile.
+fn config_unreadable(team: &TeamDir, e: &troupe::Error, as_json: bool) -> anyhow::Result<u8> {
+    let path = team.config();
+    let since = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64());
+    let ago = since.map_or(String::new(), |t| {
+        format!(" for {:.0} s", (troupe::fsutil::now() - t).max(0.0))
+    });
+    if as_json {
+        println!(
+            "{}",
+            json!({"team_name": null, "members": [], "config_error": {
+                "path": path, "error": e.to_string(), "since": since,
+            }})
+        );
+    }
+    eprintln!(
+        "lead: config.json has been unreadable{ago} (since its last change): {e}; a running \
+         supervisor carries on with its last good roster until the file parses"
+    );
+    Ok(1)
 }
 
 #[derive(Debug, clap::Args)]

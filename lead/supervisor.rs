@@ -7,7 +7,7 @@
 //! `Child::try_wait` only (never `waitpid(-1)`), on every wake-up: SIGCHLD, a change in the team
 //! dir (inotify), a signal, or the next timer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -22,7 +22,9 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::json;
-use troupe::config::{ExitInfo, MemberStatus, Roster};
+use troupe::config::{
+    Activity, ActivityState, ExitInfo, MemberStatus, Roster, RosterWriter, TeamConfig,
+};
 use troupe::events;
 use troupe::fsutil::{self, HeldLock};
 use troupe::inbox::{Durability, Inbox};
@@ -80,6 +82,81 @@ fn parse_secs(s: &str) -> Result<f64, String> {
 /// Exit codes after which a worker is never restarted.
 const NO_RESTART: [i32; 3] = [0, 64, 78];
 
+/// The exit code of a transient failure: restarted with backoff, but not counted toward the
+/// restart limit (a worker waits out a model API outage itself; whatever still exits 75 is
+/// worth trying again, not giving up on).
+const EX_TEMPFAIL: i32 = 75;
+
+/// What is known about a worker's exit when the supervisor decides what comes next.
+#[derive(Debug, Clone, Default)]
+struct ExitFacts {
+    name: String,
+    code: Option<i32>,
+    /// The lead asked it to stop (a team stop, or an escalated shutdown).
+    stopping: bool,
+    /// The shutdown request that went unanswered and was escalated, if that is why it stopped.
+    escalated: Option<String>,
+    /// During a team stop: it had shut down for a request of its own, not the team stop's.
+    on_its_own: bool,
+    /// This incarnation approved a shutdown request (it may have died before exiting 0).
+    approved_shutdown: bool,
+    /// Counted restarts within the restart window before this exit.
+    recent_restarts: usize,
+    max_restarts: usize,
+    window_secs: u64,
+    /// How it ended, for reasons.
+    last_exit: String,
+}
+
+/// What becomes of a member whose worker exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ExitDecision {
+    /// Paused by a team stop: the next `lead run` resumes it.
+    Stopped,
+    /// Ended for good, as the lead wanted (an approved or an escalated shutdown).
+    Shutdown(Option<String>),
+    /// Given up on, with the reason.
+    Failed(String),
+    /// Started again after a delay; `counted` toward the restart limit.
+    Restart { counted: bool },
+}
+
+/// The restart policy, as a pure function of the facts of one exit.
+fn decide_exit(f: &ExitFacts) -> ExitDecision {
+    if let Some(rid) = &f.escalated {
+        return ExitDecision::Shutdown(Some(format!(
+            "stopped by the lead: shutdown request {rid} went unanswered"
+        )));
+    }
+    if f.stopping && !f.on_its_own {
+        return ExitDecision::Stopped;
+    }
+    if f.code == Some(0) || f.approved_shutdown {
+        return ExitDecision::Shutdown(None);
+    }
+    if let Some(c) = f.code.filter(|c| NO_RESTART.contains(c)) {
+        return ExitDecision::Failed(format!(
+            "worker exited {c} ({}); not restarted, see `lead logs {}`",
+            if c == 64 {
+                "usage error"
+            } else {
+                "configuration error"
+            },
+            f.name
+        ));
+    }
+    if f.code == Some(EX_TEMPFAIL) {
+        return ExitDecision::Restart { counted: false };
+    }
+    if f.recent_restarts >= f.max_restarts {
+        return ExitDecision::Failed(format!(
+            "{} restarts within {} s (last exit: {}); gave up",
+            f.recent_restarts, f.window_secs, f.last_exit
+        ));
+    }
+    ExitDecision::Restart { counted: true }
+}
+
 /// A member that stayed up this long before an unexpected exit restarts after the first delay
 /// again, not after a doubled one.
 const HEALTHY_UPTIME: Duration = Duration::from_secs(60);
@@ -102,21 +179,39 @@ struct Running {
     child: Child,
     incarnation: u64,
     started: Instant,
+    /// When it was started, on the wall clock (request files carry wall-clock times).
+    started_at: f64,
     /// Set when the lead itself asked it to stop (expiry escalation or team stop).
     stopping: bool,
+    /// The expired shutdown request it is being stopped for, if that is why.
+    escalated: Option<String>,
     kill_at: Option<Instant>,
 }
 
 struct Supervisor {
     team: TeamDir,
     roster: Roster,
+    /// The supervisor's roster writes; they wait out an unreadable config.json.
+    writer: RosterWriter,
+    /// The roster as last read successfully: while config.json does not parse (a person's
+    /// edit in progress), the supervisor carries on with this copy.
+    view: TeamConfig,
+    /// Why config.json cannot be read now, if it cannot.
+    config_error: Option<String>,
+    /// Whether the start-up reconciliation ran (it waits for a readable config.json).
+    reconciled: bool,
+    /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
+    refused: HashSet<String>,
     requests: RequestStore,
     worker_exe: PathBuf,
     workdir: PathBuf,
     args: RunArgs,
     running: HashMap<String, Running>,
     recent_restarts: HashMap<String, VecDeque<Instant>>,
-    backoff: HashMap<String, (Duration, Instant)>,
+    /// The delay before each member's latest restart (doubled on the next crash).
+    last_delay: HashMap<String, Duration>,
+    /// When each member waiting out a restart delay is due to start.
+    restart_at: HashMap<String, Instant>,
     /// The shutdown request the team stop sent each member, by name.
     stop_requests: HashMap<String, String>,
 }
@@ -158,6 +253,11 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, wake_w.try_clone()?)?;
     let mut sup = Supervisor {
         roster: Roster::new(&team),
+        writer: RosterWriter::new(Roster::new(&team)),
+        view: TeamConfig::default(),
+        config_error: None,
+        reconciled: false,
+        refused: HashSet::new(),
         requests: RequestStore::new(&team),
         team,
         worker_exe,
@@ -165,10 +265,10 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         args,
         running: HashMap::new(),
         recent_restarts: HashMap::new(),
-        backoff: HashMap::new(),
+        last_delay: HashMap::new(),
+        restart_at: HashMap::new(),
         stop_requests: HashMap::new(),
     };
-    sup.reconcile_at_start()?;
     events::log(
         &sup.team,
         "lead_started",
@@ -253,18 +353,47 @@ fn describe(status: &ExitStatus) -> ExitInfo {
 }
 
 impl Supervisor {
-    /// Members recorded as running whose process is gone are started again (new incarnation);
-    /// a team stopped by `lead stop` resumes.
-    fn reconcile_at_start(&mut self) -> anyhow::Result<()> {
-        let cfg = self.roster.load()?;
-        for m in &cfg.members {
+    /// Reads config.json into [`Supervisor::view`]. While it does not parse, the view stays
+    /// the last good copy, and each distinct error is logged once (an event and a line).
+    fn refresh(&mut self) {
+        match self.roster.load() {
+            Ok(cfg) => {
+                if let Some(was) = self.config_error.take() {
+                    tracing::info!("config.json parses again (it did not: {was})");
+                    events::log(&self.team, "config_readable", json!({}));
+                }
+                self.view = cfg;
+                if self.writer.is_pending() && self.writer.flush() {
+                    self.refresh();
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if self.config_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(
+                        "{text}; carrying on with the last good roster until it parses again"
+                    );
+                    events::log(&self.team, "config_unreadable", json!({"error": text}));
+                    self.config_error = Some(text);
+                }
+            }
+        }
+    }
+
+    /// Once config.json is readable: a team stopped by `lead stop` resumes (members recorded
+    /// as running whose process is gone are started again by [`Supervisor::start_wanted`]).
+    fn reconcile_at_start(&mut self) {
+        for m in self.view.members.clone() {
             if m.status == MemberStatus::Stopped {
-                self.roster
-                    .update_member(&m.name, |mm| mm.status = MemberStatus::Spawning)?;
+                self.writer.member(&m.name, None, |mm| {
+                    if mm.status == MemberStatus::Stopped {
+                        mm.status = MemberStatus::Spawning;
+                    }
+                });
             }
             if m.status.wants_process() || m.status == MemberStatus::Stopped {
-                // An orphan of a dead lead still holding the teammate dies of PDEATHSIG; the new
-                // worker waits for its lock.
+                // An orphan of a dead lead still holding the teammate got SIGTERM through
+                // PDEATHSIG and finishes its step; the new worker waits for its lock.
                 events::log(
                     &self.team,
                     "reconcile",
@@ -272,14 +401,13 @@ impl Supervisor {
                 );
             }
         }
-        Ok(())
+        self.reconciled = true;
+        self.refresh();
     }
 
     /// One line for `STATUS=`: how many members are in each state.
     fn summary(&self) -> String {
-        let Ok(cfg) = self.roster.load() else {
-            return "config.json unreadable".to_owned();
-        };
+        let cfg = &self.view;
         let mut counts: Vec<(String, usize)> = Vec::new();
         for m in &cfg.members {
             let k = m.status.to_string();
@@ -290,7 +418,12 @@ impl Supervisor {
         }
         let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
         format!(
-            "{} members: {}",
+            "{}{} members: {}",
+            if self.config_error.is_some() {
+                "config.json unreadable; "
+            } else {
+                ""
+            },
             cfg.members.len(),
             if parts.is_empty() {
                 "none".into()
@@ -302,17 +435,21 @@ impl Supervisor {
 
     fn tick(&mut self) -> anyhow::Result<()> {
         self.reap()?;
-        self.start_wanted()?;
-        self.escalate_expired()?;
+        self.refresh();
+        if !self.reconciled && self.config_error.is_none() {
+            self.reconcile_at_start();
+        }
+        self.start_wanted();
+        self.escalate_expired();
         self.kill_stragglers();
         Ok(())
     }
 
     fn next_deadline(&self) -> Option<Duration> {
         let now = Instant::now();
-        self.backoff
+        self.restart_at
             .values()
-            .map(|(_, at)| *at)
+            .copied()
             .chain(self.running.values().filter_map(|r| r.kill_at))
             .map(|t| t.saturating_duration_since(now))
             .min()
@@ -327,12 +464,30 @@ impl Supervisor {
         }
         for (name, st) in exited {
             let r = self.running.remove(&name).expect("reaped child is tracked");
-            self.handle_exit(&name, r, st)?;
+            self.handle_exit(&name, r, st);
         }
         Ok(())
     }
 
-    fn handle_exit(&mut self, name: &str, r: Running, st: ExitStatus) -> anyhow::Result<()> {
+    /// Whether incarnation `r` of `name` approved a shutdown request: it may have died (kill
+    /// -9, a panic, a failed write) between recording the approval and exiting 0, and a
+    /// restart could never finish that shutdown.
+    fn approved_shutdown(&self, name: &str, r: &Running) -> bool {
+        match self.requests.list(Some(RequestStatus::Approved)) {
+            Ok(list) => list.iter().any(|q| {
+                q.kind == RequestKind::Shutdown
+                    && q.to == name
+                    && q.target_incarnation.is_none_or(|t| t == r.incarnation)
+                    && q.updated_at >= r.started_at
+            }),
+            Err(e) => {
+                tracing::warn!("could not list requests: {e}");
+                false
+            }
+        }
+    }
+
+    fn handle_exit(&mut self, name: &str, r: Running, st: ExitStatus) {
         let info = describe(&st);
         let code = st.code();
         events::log(
@@ -342,75 +497,90 @@ impl Supervisor {
         );
         let now = Instant::now();
         let window = Duration::from_secs(self.args.restart_window);
-        let on_its_own = r.stopping && code == Some(0) && self.shut_down_on_its_own(name)?;
-        let (status, reason, restart) = if r.stopping && !on_its_own {
-            // The lead asked (team stop or an expired shutdown): whatever the code, it stopped.
-            (MemberStatus::Stopped, None, false)
-        } else if code == Some(0) {
-            (MemberStatus::Shutdown, None, false)
-        } else if let Some(c) = code.filter(|c| NO_RESTART.contains(c)) {
-            (
-                MemberStatus::Failed,
-                Some(format!(
-                    "worker exited {c} ({}); not restarted, see `lead logs {name}`",
-                    if c == 64 {
-                        "usage error"
-                    } else {
-                        "configuration error"
-                    }
-                )),
-                false,
-            )
-        } else {
-            let q = self.recent_restarts.entry(name.to_owned()).or_default();
-            while q.front().is_some_and(|t| now.duration_since(*t) > window) {
-                q.pop_front();
-            }
-            if q.len() >= self.args.max_restarts {
-                (
-                    MemberStatus::Failed,
-                    Some(format!(
-                        "{} restarts within {} s (last exit: {info}); gave up",
-                        q.len(),
-                        window.as_secs()
-                    )),
-                    false,
-                )
-            } else {
-                q.push_back(now);
-                (MemberStatus::Spawning, None, true)
-            }
-        };
-        if restart {
-            let healthy = now.duration_since(r.started) >= HEALTHY_UPTIME;
-            let prev = self.backoff.get(name).map(|(d, _)| *d);
-            let delay = restart_delay(
-                prev,
-                healthy,
-                // Both were checked by `parse_secs`.
-                Duration::from_secs_f64(self.args.restart_delay),
-                Duration::from_secs_f64(self.args.restart_delay_max),
-            );
-            self.backoff.insert(name.to_owned(), (delay, now + delay));
-            events::log(
-                &self.team,
-                "restart_scheduled",
-                json!({"name": name, "in_secs": delay.as_secs_f64(), "last_exit": info}),
-            );
+        let q = self.recent_restarts.entry(name.to_owned()).or_default();
+        while q.front().is_some_and(|t| now.duration_since(*t) > window) {
+            q.pop_front();
         }
+        let recent = q.len();
+        let facts = ExitFacts {
+            name: name.to_owned(),
+            code,
+            stopping: r.stopping,
+            escalated: r.escalated.clone(),
+            on_its_own: r.stopping && code == Some(0) && self.shut_down_on_its_own(name),
+            approved_shutdown: code != Some(0) && self.approved_shutdown(name, &r),
+            recent_restarts: recent,
+            max_restarts: self.args.max_restarts,
+            window_secs: window.as_secs(),
+            last_exit: info.to_string(),
+        };
+        let decision = decide_exit(&facts);
+        let mut restart_due = None;
+        match &decision {
+            ExitDecision::Restart { counted } => {
+                if *counted {
+                    self.recent_restarts
+                        .entry(name.to_owned())
+                        .or_default()
+                        .push_back(now);
+                }
+                let healthy = now.duration_since(r.started) >= HEALTHY_UPTIME;
+                let delay = restart_delay(
+                    self.last_delay.get(name).copied(),
+                    healthy,
+                    // Both were checked by `parse_secs`.
+                    Duration::from_secs_f64(self.args.restart_delay),
+                    Duration::from_secs_f64(self.args.restart_delay_max),
+                );
+                self.last_delay.insert(name.to_owned(), delay);
+                self.restart_at.insert(name.to_owned(), now + delay);
+                restart_due = Some(fsutil::now() + delay.as_secs_f64());
+                events::log(
+                    &self.team,
+                    "restart_scheduled",
+                    json!({"name": name, "in_secs": delay.as_secs_f64(), "last_exit": info}),
+                );
+            }
+            // Not restarted: a later `lead spawn` starts it at once, with a fresh policy.
+            _ => {
+                self.last_delay.remove(name);
+                self.restart_at.remove(name);
+                self.recent_restarts.remove(name);
+            }
+        }
+        let (status, reason) = match &decision {
+            ExitDecision::Stopped => (MemberStatus::Stopped, None),
+            ExitDecision::Shutdown(why) => (MemberStatus::Shutdown, why.clone()),
+            ExitDecision::Failed(why) => (MemberStatus::Failed, Some(why.clone())),
+            ExitDecision::Restart { .. } => (MemberStatus::Spawning, None),
+        };
+        let restart = restart_due.is_some();
         let last = info.clone();
-        self.roster.update_member(name, |m| {
-            // A worker that approved a shutdown already wrote `shutdown`.
-            m.status = status;
+        let why = reason.clone();
+        let ended_itself = code == Some(0) || facts.approved_shutdown;
+        self.writer.member(name, None, move |m| {
+            // A member reactivated by `lead spawn` after its worker recorded its own shutdown
+            // and before this reap stays reactivated; the supervisor starts it again.
+            let reactivated = status == MemberStatus::Shutdown
+                && ended_itself
+                && m.status == MemberStatus::Spawning
+                && m.pid.is_none();
+            if !reactivated {
+                m.status = status;
+            }
             m.pid = None;
-            m.last_exit = Some(last);
+            m.last_exit = Some(last.clone());
+            m.activity = restart_due.map(|until| Activity {
+                until: Some(until),
+                ..Activity::now(ActivityState::Restarting)
+            });
             if restart {
                 m.restarts += 1;
             }
-            if reason.is_some() {
-                m.reason = reason.clone();
+            if why.is_some() {
+                m.reason = why.clone();
             }
-        })?;
+        });
         if status == MemberStatus::Failed {
             events::log(
                 &self.team,
@@ -432,34 +602,74 @@ impl Supervisor {
                 tracing::warn!("could not tell the lead that {name} failed: {e}");
             }
         }
-        Ok(())
     }
 
-    fn start_wanted(&mut self) -> anyhow::Result<()> {
-        let cfg = self.roster.load()?;
+    /// Starts a worker for every member that should run and has none, unless it waits out a
+    /// restart delay. Nothing starts while config.json cannot be read or written: a start must
+    /// record the new incarnation first.
+    fn start_wanted(&mut self) {
+        if self.config_error.is_some() || !self.writer.flush() {
+            return;
+        }
         let now = Instant::now();
-        for m in cfg.members.iter().filter(|m| m.status.wants_process()) {
-            if self.running.contains_key(&m.name) {
-                continue;
-            }
-            if let Some((_, at)) = self.backoff.get(&m.name)
-                && *at > now
+        let wanted: Vec<String> = self
+            .view
+            .members
+            .iter()
+            .filter(|m| m.status.wants_process())
+            .map(|m| m.name.clone())
+            .collect();
+        for name in wanted {
+            if self.running.contains_key(&name)
+                || self.restart_at.get(&name).is_some_and(|at| *at > now)
             {
                 continue;
             }
-            self.start(&m.name)?;
+            if let Err(e) = AgentName::teammate(&name) {
+                if self.refused.insert(name.clone()) {
+                    tracing::warn!("not starting member {name:?} of config.json: {e}");
+                    events::log(
+                        &self.team,
+                        "member_refused",
+                        json!({"name": name, "reason": e.to_string()}),
+                    );
+                }
+                continue;
+            }
+            self.start(&name);
         }
-        Ok(())
     }
 
-    fn start(&mut self, name: &str) -> anyhow::Result<()> {
-        let agent = AgentName::teammate(name)?;
-        let incarnation = self.roster.update_member(name, |m| {
+    fn start(&mut self, name: &str) {
+        let agent = match AgentName::teammate(name) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return;
+            }
+        };
+        let incarnation = match self.roster.update_member(name, |m| {
             m.incarnation += 1;
+            m.activity = Some(Activity::now(ActivityState::Starting));
             m.incarnation
-        })?;
-        fsutil::create_dir(&self.team.logs_dir())?;
-        let log = fsutil::open_append(&self.team.log(&agent))?;
+        }) {
+            Ok(i) => i,
+            Err(e) => {
+                // Logged as a config error by the next refresh, or here for anything else.
+                tracing::warn!("could not start {name}: {e}");
+                return;
+            }
+        };
+        self.restart_at.remove(name);
+        let log = match fsutil::create_dir(&self.team.logs_dir())
+            .and_then(|()| fsutil::open_append(&self.team.log(&agent)))
+        {
+            Ok(f) => Stdio::from(f),
+            Err(e) => {
+                tracing::warn!("{e}; {name}'s stderr is discarded");
+                Stdio::null()
+            }
+        };
         let mut cmd = Command::new(&self.worker_exe);
         cmd.arg("--team-dir")
             .arg(self.team.root())
@@ -473,7 +683,7 @@ impl Supervisor {
             .env_remove("WATCHDOG_PID")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
+            .stderr(log)
             .process_group(0);
         // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
         unsafe {
@@ -485,7 +695,9 @@ impl Supervisor {
         match cmd.spawn() {
             Ok(child) => {
                 let pid = child.id();
-                self.roster.update_member(name, |m| m.pid = Some(pid))?;
+                self.writer.member(name, Some(incarnation), move |m| {
+                    m.pid = Some(pid);
+                });
                 events::log(
                     &self.team,
                     "spawn",
@@ -497,39 +709,48 @@ impl Supervisor {
                         child,
                         incarnation,
                         started: Instant::now(),
+                        started_at: fsutil::now(),
                         stopping: false,
+                        escalated: None,
                         kill_at: None,
                     },
                 );
-                // A member that stays up a minute resets its backoff (see handle_exit).
-                if let Some((d, _)) = self.backoff.get(name).copied() {
-                    self.backoff.insert(
-                        name.to_owned(),
-                        (d, Instant::now() + Duration::from_secs(3600)),
-                    );
-                }
             }
             Err(e) => {
                 let why = format!("failed to start {}: {e}", self.worker_exe.display());
-                self.roster.update_member(name, |m| {
+                let reason = why.clone();
+                self.writer.member(name, None, move |m| {
                     m.status = MemberStatus::Failed;
-                    m.reason = Some(why.clone());
-                })?;
+                    m.activity = None;
+                    m.reason = Some(reason.clone());
+                });
                 events::log(&self.team, "failed", json!({"name": name, "reason": why}));
             }
         }
-        Ok(())
     }
 
     /// Expired shutdown requests: mark them and SIGTERM the worker's group (SIGKILL later).
-    fn escalate_expired(&mut self) -> anyhow::Result<()> {
+    /// A request file that cannot be read or written is logged and skipped, never fatal.
+    fn escalate_expired(&mut self) {
         let now = fsutil::now();
-        for req in self.requests.list(Some(RequestStatus::Pending))? {
+        let pending = match self.requests.list(Some(RequestStatus::Pending)) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("could not list requests: {e}");
+                return;
+            }
+        };
+        for req in pending {
             if req.kind != RequestKind::Shutdown || !req.is_due(now) {
                 continue;
             }
-            if self.requests.expire_if_due(&req.request_id)?.is_none() {
-                continue;
+            match self.requests.expire_if_due(&req.request_id) {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("could not expire request {}: {e}", req.request_id);
+                    continue;
+                }
             }
             let Some(r) = self.running.get_mut(&req.to) else {
                 continue;
@@ -543,9 +764,9 @@ impl Supervisor {
                 "shutdown_escalated",
                 json!({"name": req.to, "request_id": req.request_id, "signal": "SIGTERM"}),
             );
+            r.escalated = Some(req.request_id.clone());
             terminate(r, Duration::from_secs(self.args.kill_grace));
         }
-        Ok(())
     }
 
     fn kill_stragglers(&mut self) {
@@ -567,21 +788,29 @@ impl Supervisor {
     /// lead's rather than the team stop's (a race: it approved just before the stop began).
     /// Such a member stays `shutdown`, not `stopped` (a later `lead run` must not resume it),
     /// and the team stop's request to it, unanswered, is expired.
-    fn shut_down_on_its_own(&self, name: &str) -> anyhow::Result<bool> {
+    fn shut_down_on_its_own(&mut self, name: &str) -> bool {
+        self.refresh();
         let wrote_shutdown = self
-            .roster
-            .load()?
+            .view
             .member(name)
             .is_some_and(|m| m.status == MemberStatus::Shutdown);
         let Some(rid) = self.stop_requests.get(name) else {
-            return Ok(wrote_shutdown);
+            return wrote_shutdown;
         };
-        if !wrote_shutdown || self.requests.get(rid)?.status == RequestStatus::Approved {
-            return Ok(false);
+        let approved_stop = self
+            .requests
+            .get(rid)
+            .is_ok_and(|r| r.status == RequestStatus::Approved);
+        if !wrote_shutdown || approved_stop {
+            return false;
         }
-        self.requests
-            .expire_now(rid, "the teammate had already shut down")?;
-        Ok(true)
+        if let Err(e) = self
+            .requests
+            .expire_now(rid, "the teammate had already shut down")
+        {
+            tracing::warn!("could not expire the stop request {rid} of {name}: {e}");
+        }
+        true
     }
 
     /// The graceful team stop: ask everyone, wait, SIGTERM, SIGKILL, mark `stopped`.
@@ -592,7 +821,8 @@ impl Supervisor {
             json!({"running": self.running.len()}),
         );
         let deadline = Instant::now() + Duration::from_secs(self.args.stop_timeout);
-        let cfg = self.roster.load()?;
+        self.refresh();
+        let cfg = self.view.clone();
         for (name, r) in self.running.iter_mut() {
             // One that approved a shutdown already is on its way out: asking again would leave
             // a request nobody answers.
@@ -633,14 +863,24 @@ impl Supervisor {
                 tracing::warn!("could not expire the stop request {rid} of {name}: {e}");
             }
         }
-        // Whoever did not approve is stopped; approvals already say `shutdown`.
-        self.roster.update(|cfg| {
+        // Whoever did not approve is stopped; approvals already say `shutdown`. A config.json
+        // that does not parse is left as the person made it: those members then look running
+        // with no process, which the next `lead run` resumes just the same.
+        let written = self.writer.apply(|cfg| {
             for m in cfg.members.iter_mut().filter(|m| m.status.wants_process()) {
                 m.status = MemberStatus::Stopped;
                 m.pid = None;
+                m.activity = None;
             }
-            Ok(())
-        })?;
+        });
+        if !written {
+            tracing::warn!(
+                "the team stop could not be recorded: {}",
+                self.writer
+                    .error()
+                    .unwrap_or("config.json cannot be written")
+            );
+        }
         Ok(())
     }
 }

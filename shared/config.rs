@@ -66,6 +66,71 @@ impl fmt::Display for MemberStatus {
     }
 }
 
+/// What a member's process is doing, in more detail than the six statuses (which scripts parse
+/// and which therefore stay as they are). A `working` member may be thinking (a model call),
+/// waiting for the API to come back, or paused by a spend cap; a `spawning` one may be waiting
+/// out a restart delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivityState {
+    /// A process was started and has not reported yet.
+    Starting,
+    /// In an activation: a model call (`call`) or the tools it asked for.
+    Working,
+    /// The model API failed through all its retries; the next try is at `until`.
+    WaitingApi,
+    /// A spend cap or exhausted quota: no call until a new message arrives.
+    Paused,
+    /// Waiting for messages.
+    Idle,
+    /// The process exited unexpectedly; the supervisor starts it again at `until`.
+    Restarting,
+}
+
+impl ActivityState {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActivityState::Starting => "starting",
+            ActivityState::Working => "working",
+            ActivityState::WaitingApi => "waiting_api",
+            ActivityState::Paused => "paused",
+            ActivityState::Idle => "idle",
+            ActivityState::Restarting => "restarting",
+        }
+    }
+}
+
+/// A member's [`ActivityState`] with when it began and what it waits for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Activity {
+    pub state: ActivityState,
+    /// When this state began (seconds since the epoch).
+    pub since: f64,
+    /// The model call under way or waited for, counted over the member's life from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<u64>,
+    /// `waiting_api`: when the next try is due; `restarting`: when the restart is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<f64>,
+    /// `waiting_api`, `paused`: the last error, on one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Activity {
+    /// `state`, beginning now.
+    pub fn now(state: ActivityState) -> Activity {
+        Activity {
+            state,
+            since: fsutil::now(),
+            call: None,
+            until: None,
+            error: None,
+        }
+    }
+}
+
 /// How a member's last process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ExitInfo {
@@ -132,6 +197,12 @@ pub struct Member {
     pub plan_approved: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<f64>,
+    /// What the process is doing now (see [`ActivityState`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
+    /// When the member's own process last wrote its record: its last sign of life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<f64>,
     /// Fields written by other versions, kept as they were.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -156,6 +227,8 @@ impl Member {
             reason: None,
             plan_approved: false,
             updated_at: None,
+            activity: None,
+            last_seen: None,
             extra: Map::new(),
         }
     }
@@ -253,6 +326,29 @@ impl Roster {
         Ok(out)
     }
 
+    /// Reads the roster, waiting while config.json does not parse (a user's edit in progress)
+    /// until it does or `stop()` says to give up (then the parse error is returned). The first
+    /// error of each kind is logged once.
+    pub fn load_patiently(&self, stop: &dyn Fn() -> bool) -> Result<TeamConfig> {
+        let mut said: Option<String> = None;
+        loop {
+            match self.load() {
+                Err(e @ Error::Corrupt { .. }) => {
+                    let text = e.to_string();
+                    if said.as_deref() != Some(text.as_str()) {
+                        tracing::warn!("{text}; waiting until it parses");
+                        said = Some(text);
+                    }
+                    if stop() {
+                        return Err(e);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Changes one member's record (see [`Roster::update`]); `updated_at` is stamped only when
     /// something changed, and nothing is written otherwise.
     pub fn update_member<R>(&self, name: &str, f: impl FnOnce(&mut Member) -> R) -> Result<R> {
@@ -265,6 +361,112 @@ impl Roster {
             }
             Ok(out)
         })
+    }
+}
+
+/// A roster change kept until config.json can be written; applied again on every try.
+type PendingWrite = Box<dyn Fn(&mut TeamConfig) + Send>;
+
+/// Roster writes that outlast an unreadable or unwritable config.json.
+///
+/// A person may be editing config.json by hand: while it does not parse (a typo, an editor that
+/// truncates before it writes), nobody may overwrite it, and nobody may die of it. So a write
+/// that finds the file unreadable (or that fails, say on a full disk) is kept, in order, and
+/// applied with the next write or [`RosterWriter::flush`] once the file parses again. Each
+/// distinct failure is logged once. The supervisor and the workers write through one of these.
+pub struct RosterWriter {
+    roster: Roster,
+    pending: Vec<PendingWrite>,
+    last_error: Option<String>,
+}
+
+impl RosterWriter {
+    /// A writer for `roster` with nothing pending.
+    pub fn new(roster: Roster) -> RosterWriter {
+        RosterWriter {
+            roster,
+            pending: Vec::new(),
+            last_error: None,
+        }
+    }
+
+    /// Applies `f` after the writes still pending. Returns whether everything is written now;
+    /// `false` means it is kept for later (see [`RosterWriter::error`]).
+    pub fn apply(&mut self, f: impl Fn(&mut TeamConfig) + Send + 'static) -> bool {
+        self.pending.push(Box::new(f));
+        self.flush()
+    }
+
+    /// Changes member `name`'s record, stamping `updated_at`; with `incarnation`, only while the
+    /// record is still that incarnation's (a process a newer one replaced writes nothing, and
+    /// stamps `last_seen` when it does write). A member that is not in the roster is skipped.
+    pub fn member(
+        &mut self,
+        name: &str,
+        incarnation: Option<u64>,
+        f: impl Fn(&mut Member) + Send + 'static,
+    ) -> bool {
+        let name = name.to_owned();
+        self.apply(move |cfg| {
+            let Some(m) = cfg.member_mut(&name) else {
+                return;
+            };
+            if incarnation.is_some_and(|i| i != m.incarnation) {
+                return;
+            }
+            let now = fsutil::now();
+            f(m);
+            m.updated_at = Some(now);
+            if incarnation.is_some() {
+                m.last_seen = Some(now);
+            }
+        })
+    }
+
+    /// Tries to write what is pending. Returns whether nothing is left pending.
+    pub fn flush(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        let pending = &self.pending;
+        match self.roster.update(|cfg| {
+            for f in pending {
+                f(cfg);
+            }
+            Ok(())
+        }) {
+            Ok(()) => {
+                self.pending.clear();
+                if let Some(e) = self.last_error.take() {
+                    tracing::info!(
+                        "config.json is writable again (after: {e}); pending changes written"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if self.last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(
+                        "{text}; the change is kept and written once config.json can be"
+                    );
+                    self.last_error = Some(text);
+                }
+                false
+            }
+        }
+    }
+
+    /// Whether writes are waiting for config.json.
+    pub fn is_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Why writes are pending, if they are.
+    pub fn error(&self) -> Option<&str> {
+        self.is_pending()
+            .then_some(self.last_error.as_deref())
+            .flatten()
     }
 }
 
@@ -314,6 +516,42 @@ mod tests {
             .is_err()
         );
         assert_eq!(std::fs::read_to_string(team.config()).unwrap(), "{not json");
+    }
+
+    #[test]
+    fn writes_wait_for_an_unreadable_file_and_keep_their_order() {
+        let (_t, team, r) = roster();
+        r.update(|c| {
+            c.members.push(Member::new("a", "r"));
+            Ok(())
+        })
+        .unwrap();
+        let mut w = RosterWriter::new(r.clone());
+        assert!(w.member("a", None, |m| m.restarts = 1));
+        std::fs::write(team.config(), "{\"members\": [").unwrap();
+        assert!(!w.member("a", None, |m| m.restarts += 10));
+        assert!(!w.member("a", None, |m| m.restarts *= 2));
+        assert!(w.error().unwrap().contains("config.json"));
+        // Nobody overwrote the half-made edit.
+        assert_eq!(
+            std::fs::read_to_string(team.config()).unwrap(),
+            "{\"members\": ["
+        );
+        std::fs::write(
+            team.config(),
+            r#"{"members":[{"name":"a","role":"r","status":"idle","restarts":3,"incarnation":2}]}"#,
+        )
+        .unwrap();
+        assert!(w.flush());
+        assert!(!w.is_pending());
+        assert_eq!(r.load().unwrap().members[0].restarts, 26);
+        // A write for another incarnation is skipped; one for this one stamps last_seen.
+        assert!(w.member("a", Some(1), |m| m.restarts = 0));
+        assert_eq!(r.load().unwrap().members[0].restarts, 26);
+        assert!(w.member("a", Some(2), |m| m.restarts = 0));
+        let m = r.load().unwrap().members[0].clone();
+        assert_eq!(m.restarts, 0);
+        assert!(m.last_seen.is_some());
     }
 
     #[test]

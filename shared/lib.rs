@@ -12,6 +12,7 @@ pub mod events;
 pub mod fsutil;
 pub mod ids;
 pub mod inbox;
+pub mod liveness;
 pub mod llm;
 pub mod mail;
 pub mod message;

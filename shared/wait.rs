@@ -169,6 +169,32 @@ impl InboxWaiter {
     }
 }
 
+/// Sleeps for `d`, or less if `fd` becomes readable (a signal arrived). Returns whether it was
+/// woken early.
+pub fn sleep_unless(d: Duration, fd: BorrowedFd<'_>) -> bool {
+    let deadline = Instant::now() + d;
+    loop {
+        let Some(left) = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|l| !l.is_zero())
+        else {
+            return false;
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => {
+                std::thread::sleep(left.min(Duration::from_millis(50)));
+            }
+        }
+    }
+}
+
 /// SIGTERM and SIGINT as a flag plus a descriptor that becomes readable when one arrives, so a
 /// wait (`InboxWaiter::wait` with [`Signals::fd`] among its extra descriptors) wakes at once and
 /// the loop can finish its step. Used by the worker and by `lead chat`.

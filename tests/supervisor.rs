@@ -317,9 +317,12 @@ fn an_unanswered_shutdown_expires_and_escalates_but_a_stale_one_stops_nobody() {
     .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rid = v["request_id"].as_str().unwrap().to_owned();
+    // A stop the lead asked for stays a stop: `shutdown` (with the reason), which `lead run`
+    // does not resume, not the `stopped` of a team stop.
     wait_until(T, "gil stopped by escalation", || {
-        (team.status("gil") == MemberStatus::Stopped).then_some(())
+        (team.status("gil") == MemberStatus::Shutdown).then_some(())
     });
+    assert!(team.member("gil").reason.unwrap().contains(&rid));
     let store = troupe::requests::RequestStore::new(&team.dir);
     assert_eq!(
         store.get(&rid).unwrap().status,

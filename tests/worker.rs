@@ -369,8 +369,9 @@ fn provider_failures_map_to_exit_codes() {
         "the key leaked to stderr"
     );
 
-    // 529 three times: exit 75 after 3 attempts; the message stays consumed, and a restart
-    // against a healthy server answers it.
+    // 529 three times: after its 3 attempts the worker does not exit (that would count toward
+    // the restart limit) but waits and tries again, saying so in its record; the API comes
+    // back and the same process answers the message once.
     let overloaded = || {
         Reply::json(529, anthropic_error("overloaded_error", "Overloaded"))
             .header("retry-after-ms", "10")
@@ -379,15 +380,30 @@ fn provider_failures_map_to_exit_codes() {
     let team = Team::new();
     team.add_member("fay", 1, false);
     let m = team.send("fay", "hello");
-    let mut w = team.worker("fay", &fake.url(), &[]);
-    assert_eq!(w.wait(T).code(), Some(75), "{}", team.stderr("fay"));
-    assert_eq!(fake.request_count(), 3);
+    let mut w = team.worker("fay", &fake.url(), &[("TROUPE_API_WAIT_MAX_SECS", "0.3")]);
+    let act = wait_until(T, "fay waiting for the API", || {
+        team.member("fay")
+            .activity
+            .filter(|a| a.state == troupe::config::ActivityState::WaitingApi)
+    });
+    assert!(act.error.unwrap().contains("529"));
+    assert!(w.try_status().is_none(), "{}", team.stderr("fay"));
     fake.push(Reply::ok(anthropic_text("hi")));
-    let _w = team.worker("fay", &fake.url(), &[]);
     wait_until(T, "fay idle", || {
         (team.status("fay") == MemberStatus::Idle).then_some(())
     });
+    assert!(w.try_status().is_none());
     assert_eq!(team.consumed_ids("fay"), vec![m.id]);
+    // SIGTERM ends a wait for the API at once.
+    fake.outage(Some(overloaded()));
+    team.send("fay", "again");
+    wait_until(T, "fay waiting again", || {
+        team.member("fay")
+            .activity
+            .filter(|a| a.state == troupe::config::ActivityState::WaitingApi)
+    });
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(w.wait(Duration::from_secs(5)).code(), Some(143));
 
     // No key at all: exit 78 with a message naming the variables.
     let team = Team::new();
@@ -585,7 +601,8 @@ fn anthropic_scenarios_through_the_worker() {
     assert_eq!(reqs.len(), 3);
     assert_eq!(team.lead_inbox()[0].content, "whole");
 
-    // Spend cap: one request, exit 75, not retried.
+    // Spend cap: one request, not retried; the worker pauses (it does not exit) until a new
+    // message arrives.
     let fake = FakeLlm::start([Reply::json(
         429,
         r#"{"type":"error","error":{"type":"rate_limit_error","message":"spend limit","details":{"error_code":"enforced_spend_limit_reached"}}}"#,
@@ -594,7 +611,13 @@ fn anthropic_scenarios_through_the_worker() {
     team.add_member("kim", 1, false);
     team.send("kim", "go");
     let mut w = team.worker("kim", &fake.url(), &[]);
-    assert_eq!(w.wait(T).code(), Some(75));
+    wait_until(T, "kim paused", || {
+        team.member("kim")
+            .activity
+            .filter(|a| a.state == troupe::config::ActivityState::Paused)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(w.try_status().is_none());
     assert_eq!(fake.request_count(), 1);
 }
 

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -40,10 +41,24 @@ struct Args {
     /// Timeout of the bash tool, in seconds.
     #[arg(long, env = "TROUPE_BASH_TIMEOUT_SECS", default_value_t = 120)]
     bash_timeout: u64,
+    /// While the model API is down, the longest wait between tries, in seconds (the waits
+    /// start at 1 s and double up to this).
+    #[arg(long, env = "TROUPE_API_WAIT_MAX_SECS", default_value_t = 30.0, value_parser = parse_secs)]
+    api_wait_max: f64,
+}
+
+/// A positive number of seconds, at most a day.
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|e| format!("not a number of seconds: {e}"))?;
+    if !(0.001..=86_400.0).contains(&secs) {
+        return Err("must be from 0.001 to 86400 seconds".to_owned());
+    }
+    Ok(secs)
 }
 
 const EX_USAGE: u8 = 64;
-const EX_TEMPFAIL: u8 = 75;
 const EX_CONFIG: u8 = 78;
 const EXIT_TERM: u8 = 143;
 
@@ -81,20 +96,27 @@ fn run(a: Args) -> anyhow::Result<u8> {
     let team = TeamDir::open(&a.team_dir)?;
     watch_parent();
     let signals = Signals::install().context("failed to install signal handlers")?;
-    // One live process per teammate: wait briefly for a predecessor that is finishing its step.
+    // One live process per teammate. A predecessor still holding the lock is finishing its
+    // step (an orphan of a crashed lead got SIGTERM through PDEATHSIG, and a model call or a
+    // bash command can take minutes): wait for it, however long, rather than exit and count
+    // against the restart limit. A signal ends the wait.
     let lock_path = team.transcript_lock(&name);
     troupe::fsutil::create_dir(&team.transcripts_dir())?;
-    let mut held = None;
-    for _ in 0..100 {
+    let mut said = false;
+    let _alive = loop {
         if let Some(l) = HeldLock::try_acquire(&lock_path)? {
-            held = Some(l);
-            break;
+            break l;
+        }
+        if signals.term.load(Ordering::SeqCst) {
+            return Ok(EXIT_TERM);
+        }
+        if !said {
+            eprintln!(
+                "worker: another process of {name} is finishing its step; waiting for it to exit"
+            );
+            said = true;
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
-    let Some(_alive) = held else {
-        eprintln!("worker: another worker process for {name} is still running");
-        return Ok(EX_TEMPFAIL);
     };
     let provider = match troupe::llm::from_env() {
         Ok(p) => p,
@@ -115,8 +137,14 @@ fn run(a: Args) -> anyhow::Result<u8> {
         context_chars: a.context_chars,
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(a.bash_timeout),
+        api_wait_max: Duration::from_secs_f64(a.api_wait_max),
     };
-    let mut mate = Teammate::open(settings, provider, signals.term.clone())?;
+    let mut mate = match Teammate::open(settings, provider, signals.term.clone()) {
+        Ok(m) => m,
+        // Stopped while config.json did not parse: a stop, not a configuration error.
+        Err(_) if signals.term.load(Ordering::SeqCst) => return Ok(EXIT_TERM),
+        Err(e) => return Err(e.into()),
+    };
     Ok(match mate.run(signals.fd())? {
         Outcome::Shutdown => 0,
         Outcome::Terminated => EXIT_TERM,

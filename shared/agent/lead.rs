@@ -278,13 +278,19 @@ impl Lead {
     }
 
     fn team_quiet(&self) -> Result<bool> {
-        let cfg = self.roster.load()?;
+        // A roster that does not parse (a person's edit in progress) tells nothing: not quiet.
+        let Ok(cfg) = self.roster.load() else {
+            return Ok(false);
+        };
         for m in &cfg.members {
+            // A hand-written member with an invalid name is never started: it waits for nothing.
+            let Ok(name) = AgentName::teammate(&m.name) else {
+                continue;
+            };
             let busy = match m.status {
+                // Working includes waiting for the model API to come back.
                 MemberStatus::Spawning | MemberStatus::Working => true,
-                MemberStatus::Idle => {
-                    !Inbox::new(&self.s.team, &AgentName::teammate(&m.name)?).is_empty()
-                }
+                MemberStatus::Idle => !Inbox::new(&self.s.team, &name).is_empty(),
                 _ => false,
             };
             if busy {

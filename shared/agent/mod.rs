@@ -2,4 +2,5 @@
 
 pub mod conversation;
 pub mod lead;
+pub mod outage;
 pub mod teammate;

@@ -15,7 +15,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::agent::conversation::{self, Rebuilt};
-use crate::config::{MemberStatus, Roster};
+use crate::agent::outage::{self, OnFailure};
+use crate::config::{Activity, ActivityState, MemberStatus, Roster, RosterWriter};
 use crate::error::Result;
 use crate::events;
 use crate::fsutil;
@@ -27,7 +28,7 @@ use crate::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
 use crate::teamdir::{AgentName, LEAD, TeamDir};
 use crate::tools::{self, ToolOutput};
 use crate::transcript::{Entry, Journal};
-use crate::wait::{InboxWaiter, Wake};
+use crate::wait::{self, InboxWaiter, Wake};
 
 /// Settings of one teammate process.
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct Settings {
     pub context_chars: usize,
     pub max_tokens: u32,
     pub bash_timeout: Duration,
+    /// The longest wait between tries while the model API is down (see [`outage`]).
+    pub api_wait_max: Duration,
 }
 
 /// How the loop ended.
@@ -61,7 +64,8 @@ pub struct Teammate {
     journal: Journal,
     conv: Rebuilt,
     inbox: Inbox,
-    roster: Roster,
+    /// Writes to this member's record; they wait out an unreadable config.json.
+    record: RosterWriter,
     requests: RequestStore,
     incarnation: u64,
     role: String,
@@ -72,6 +76,8 @@ pub struct Teammate {
     shutdown_approved: bool,
     /// The status this process last wrote, so an unchanged status costs no roster write.
     status: Option<MemberStatus>,
+    /// The wait before the previous retry, while the model API is down.
+    outage_wait: Option<Duration>,
     term: Arc<AtomicBool>,
 }
 
@@ -83,7 +89,10 @@ impl Teammate {
         term: Arc<AtomicBool>,
     ) -> Result<Teammate> {
         let roster = Roster::new(&s.team);
-        let member = roster.load()?.require(s.name.as_str())?.clone();
+        let member = roster
+            .load_patiently(&|| term.load(Ordering::SeqCst))?
+            .require(s.name.as_str())?
+            .clone();
         let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation)?;
         let requests = RequestStore::new(&s.team);
         let mut t = Teammate {
@@ -96,11 +105,12 @@ impl Teammate {
             gate_open: false,
             shutdown_approved: false,
             status: None,
+            outage_wait: None,
             s,
             provider,
             journal,
             conv,
-            roster,
+            record: RosterWriter::new(roster),
             requests,
             term,
         };
@@ -109,14 +119,25 @@ impl Teammate {
     }
 
     /// Notes in the member's record why this process is giving up (shown by `lead status`).
-    pub fn record_failure(&self, why: &str) {
+    pub fn record_failure(&mut self, why: &str) {
         let why = why.to_owned();
-        if let Err(e) = self
-            .roster
-            .update_member(self.s.name.as_str(), |m| m.reason = Some(why))
-        {
-            tracing::warn!("failed to record the failure reason: {e}");
+        if !self.write(move |m| m.reason = Some(why.clone())) {
+            tracing::warn!("failed to record the failure reason: config.json cannot be written");
         }
+    }
+
+    /// Changes this member's record while it still belongs to this incarnation (a process that
+    /// a newer one replaced, say an orphan of a crashed lead finishing its step, writes
+    /// nothing). Returns whether it is written now; otherwise it is written once config.json
+    /// parses again.
+    fn write(&mut self, f: impl Fn(&mut crate::config::Member) + Send + 'static) -> bool {
+        self.record
+            .member(self.s.name.as_str(), Some(self.incarnation), f)
+    }
+
+    /// Records what this process is doing now.
+    fn set_activity(&mut self, activity: Activity) {
+        self.write(move |m| m.activity = Some(activity.clone()));
     }
 
     fn plan_approved(&self) -> Result<bool> {
@@ -136,13 +157,19 @@ impl Teammate {
             return Ok(());
         }
         let pid = std::process::id();
-        self.roster.update_member(self.s.name.as_str(), |m| {
+        let activity = match status {
+            MemberStatus::Working => Some(Activity::now(ActivityState::Working)),
+            MemberStatus::Idle => Some(Activity::now(ActivityState::Idle)),
+            _ => None,
+        };
+        self.write(move |m| {
             m.status = status;
             m.pid = Some(pid);
+            m.activity = activity.clone();
             if status == MemberStatus::Shutdown {
                 m.pid = None;
             }
-        })?;
+        });
         self.status = Some(status);
         Ok(())
     }
@@ -166,14 +193,17 @@ impl Teammate {
             let pending_work =
                 !self.conv.unseen.is_empty() || (!self.conv.idle && self.conv.calls > 0);
             if pending_work {
-                match self.activation()? {
+                match self.activation(wake)? {
                     Some(out) => return Ok(out),
                     None => continue,
                 }
             }
             // Nothing to do (also right after a restart between activations): say so.
             self.set_status(MemberStatus::Idle)?;
-            match waiter.wait(None, &[wake])? {
+            // Writes that wait for config.json are retried every second meanwhile.
+            let timeout = self.record.is_pending().then_some(Duration::from_secs(1));
+            self.record.flush();
+            match waiter.wait(timeout, &[wake])? {
                 Wake::External => return Ok(Outcome::Terminated),
                 Wake::Message | Wake::Timeout => {}
             }
@@ -242,8 +272,7 @@ impl Teammate {
             MessageType::PlanApprovalResponse if m.approve == Some(true) => {
                 self.gate_open = self.plan_approved()? || self.gate_open;
                 if self.gate_open {
-                    self.roster
-                        .update_member(self.s.name.as_str(), |mm| mm.plan_approved = true)?;
+                    self.write(|mm| mm.plan_approved = true);
                 }
             }
             _ => {}
@@ -266,8 +295,8 @@ impl Teammate {
         Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)
     }
 
-    /// One activation. `Some(outcome)` ends the process.
-    fn activation(&mut self) -> Result<Option<Outcome>> {
+    /// One activation. `Some(outcome)` ends the process. `wake` becomes readable on a signal.
+    fn activation(&mut self, wake: BorrowedFd<'_>) -> Result<Option<Outcome>> {
         self.set_status(MemberStatus::Working)?;
         while self.conv.calls_this_activation < self.s.max_calls {
             if self.terminated() {
@@ -282,9 +311,21 @@ impl Teammate {
                 // The model already answered everything it was shown.
                 break;
             }
+            let call = self.conv.calls + 1;
+            self.set_activity(Activity {
+                call: Some(call),
+                ..Activity::now(ActivityState::Working)
+            });
             let response = match self.call_model() {
-                Ok(r) => r,
-                Err(e) => return Ok(Some(Outcome::Llm(e))),
+                Ok(r) => {
+                    self.outage_wait = None;
+                    r
+                }
+                Err(e) => match self.ride_out(e, call, wake)? {
+                    Some(outcome) => return Ok(Some(outcome)),
+                    // Drain what arrived meanwhile, then try again.
+                    None => continue,
+                },
             };
             let entry = Entry::Assistant {
                 seq: self.conv.calls,
@@ -294,10 +335,10 @@ impl Teammate {
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
             let usage = response.usage;
-            self.roster.update_member(self.s.name.as_str(), |m| {
+            self.write(move |m| {
                 m.usage.add(&usage);
                 m.calls += 1;
-            })?;
+            });
             let uses: Vec<(String, String, Value)> = response
                 .content
                 .iter()
@@ -344,6 +385,64 @@ impl Teammate {
         }
         self.go_idle()?;
         Ok(None)
+    }
+
+    /// After a model call failed through its retries: waits out an outage (`None`: try again),
+    /// pauses for a spend cap until a message arrives (`None`), or ends the process.
+    fn ride_out(
+        &mut self,
+        e: crate::llm::LlmError,
+        call: u64,
+        wake: BorrowedFd<'_>,
+    ) -> Result<Option<Outcome>> {
+        let error = Some(outage::one_line(&e));
+        match outage::on_failure(&e) {
+            OnFailure::Stop => Ok(Some(Outcome::Llm(e))),
+            OnFailure::Wait => {
+                let max = self.s.api_wait_max;
+                let d = outage::next_wait(
+                    self.outage_wait,
+                    outage::first_wait(max),
+                    max,
+                    crate::llm::retry::random_unit(),
+                );
+                self.outage_wait = Some(d);
+                tracing::warn!("{e}; trying again in {:.1} s", d.as_secs_f64());
+                self.set_activity(Activity {
+                    call: Some(call),
+                    until: Some(fsutil::now() + d.as_secs_f64()),
+                    error,
+                    ..Activity::now(ActivityState::WaitingApi)
+                });
+                if wait::sleep_unless(d, wake) || self.terminated() {
+                    return Ok(Some(Outcome::Terminated));
+                }
+                Ok(None)
+            }
+            OnFailure::Pause => {
+                tracing::warn!("{e}; paused: no model call until a new message arrives");
+                self.set_activity(Activity {
+                    call: Some(call),
+                    error,
+                    ..Activity::now(ActivityState::Paused)
+                });
+                events::log(
+                    &self.s.team,
+                    "paused",
+                    json!({"name": self.s.name, "reason": e.to_string()}),
+                );
+                let mut waiter = InboxWaiter::new(&self.inbox)?;
+                loop {
+                    let timeout = self.record.is_pending().then_some(Duration::from_secs(1));
+                    self.record.flush();
+                    match waiter.wait(timeout, &[wake])? {
+                        Wake::External => return Ok(Some(Outcome::Terminated)),
+                        Wake::Message => return Ok(None),
+                        Wake::Timeout => {}
+                    }
+                }
+            }
+        }
     }
 
     fn go_idle(&mut self) -> Result<()> {

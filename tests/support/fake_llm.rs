@@ -106,6 +106,8 @@ struct State {
     script: VecDeque<Reply>,
     routes: std::collections::HashMap<String, VecDeque<Reply>>,
     requests: Vec<Recorded>,
+    /// While set, every request gets this reply and the script is left as it is (an outage).
+    outage: Option<Reply>,
 }
 
 /// The running server; stops accepting when dropped.
@@ -126,6 +128,7 @@ impl FakeLlm {
             routes: Default::default(),
             script: script.into_iter().collect(),
             requests: Vec::new(),
+            outage: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -179,6 +182,12 @@ impl FakeLlm {
             .count()
     }
 
+    /// Starts (`Some`) or ends (`None`) an outage: while it lasts every request is answered
+    /// with `reply`, and the scripts wait untouched for the API to come back.
+    pub fn outage(&self, reply: Option<Reply>) {
+        self.lock().outage = reply;
+    }
+
     /// Appends to the script.
     pub fn push(&self, reply: Reply) {
         self.lock().script.push_back(reply);
@@ -228,7 +237,10 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let (mut reply, patience) = {
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests.push(request);
-        (pop(&mut state), state.patience)
+        match state.outage.clone() {
+            Some(r) => (Some(r), Duration::ZERO),
+            None => (pop(&mut state), state.patience),
+        }
     };
     // A patient server waits a while for the test to push the reply this request needs (for
     // replies that quote ids only known once the request exists).

@@ -1,0 +1,193 @@
+//! What a member is doing, as `lead status` shows it: derived from the member's record (its
+//! status and the [`Activity`] its process and the supervisor write), whether its recorded
+//! process is alive, and the clock. The six statuses stay as DESIGN.md has them (scripts parse
+//! them); this adds the detail: working on which call since when, waiting for the API until
+//! when and why, restarting in how many seconds, or dead.
+
+use serde::Serialize;
+
+use crate::config::{ActivityState, Member, MemberStatus};
+
+/// A member's liveness, as `lead status --json` prints it under `doing`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Doing {
+    /// `starting`, `working`, `waiting_api`, `paused`, `idle`, `restarting`, `spawning` (no
+    /// process yet: waiting for a supervisor), `dead` (recorded running, process gone), or the
+    /// status itself for members that are down (`shutdown`, `failed`, `stopped`).
+    pub state: &'static str,
+    pub pid: Option<u32>,
+    /// When the state began.
+    pub since: Option<f64>,
+    /// The model call under way or waited for.
+    pub call: Option<u64>,
+    /// `waiting_api`: the next try; `restarting`: the restart.
+    pub until: Option<f64>,
+    /// `waiting_api`, `paused`: the last error.
+    pub error: Option<String>,
+    /// The last sign of life of the member's process: its last record write or journal entry.
+    pub last_seen: Option<f64>,
+}
+
+/// What `m` is doing. `alive` says whether its recorded pid is a live process;
+/// `journal_at` is when its transcript was last written.
+pub fn doing(m: &Member, alive: bool, journal_at: Option<f64>) -> Doing {
+    let act = m.activity.as_ref();
+    let last_seen = match (m.last_seen, journal_at) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    let mut d = Doing {
+        state: m.status.as_str(),
+        pid: m.pid,
+        since: act.map(|a| a.since),
+        call: act.and_then(|a| a.call),
+        until: act.and_then(|a| a.until),
+        error: act.and_then(|a| a.error.clone()),
+        last_seen,
+    };
+    match m.status {
+        MemberStatus::Shutdown | MemberStatus::Failed | MemberStatus::Stopped => {
+            d.since = m.updated_at;
+            d.call = None;
+            d.until = None;
+            d.error = None;
+        }
+        MemberStatus::Spawning => {
+            d.state = match act.map(|a| a.state) {
+                Some(ActivityState::Restarting) => "restarting",
+                Some(ActivityState::Starting) if m.pid.is_some() && alive => "starting",
+                _ if m.pid.is_some() && !alive => "dead",
+                _ => "spawning",
+            };
+        }
+        MemberStatus::Working | MemberStatus::Idle => {
+            d.state = if m.pid.is_none() || !alive {
+                "dead"
+            } else {
+                match act.map(|a| a.state) {
+                    Some(s) => s.as_str(),
+                    None => m.status.as_str(),
+                }
+            };
+        }
+    }
+    d
+}
+
+/// `d` as a few words for the status table, times relative to `now`.
+pub fn describe(d: &Doing, now: f64) -> String {
+    let ago = |t: Option<f64>| t.map(|t| format!("{:.0}s", (now - t).max(0.0)));
+    let within = |t: Option<f64>| t.map(|t| format!("{:.0}s", (t - now).max(0.0)));
+    match d.state {
+        "working" => match (d.call, ago(d.since)) {
+            (Some(c), Some(a)) => format!("call {c}, {a}"),
+            (_, Some(a)) => format!("working {a}"),
+            _ => "working".into(),
+        },
+        "waiting_api" => format!(
+            "API down, retry in {}: {}",
+            within(d.until).unwrap_or_else(|| "?".into()),
+            d.error.as_deref().unwrap_or("")
+        ),
+        "paused" => format!(
+            "paused until a message: {}",
+            d.error.as_deref().unwrap_or("")
+        ),
+        "restarting" => format!(
+            "restart in {}",
+            within(d.until).unwrap_or_else(|| "?".into())
+        ),
+        "dead" => format!(
+            "dead (pid {}), last seen {} ago",
+            d.pid.map_or("-".into(), |p| p.to_string()),
+            ago(d.last_seen).unwrap_or_else(|| "?".into())
+        ),
+        "idle" => ago(d.since).map_or("idle".into(), |a| format!("idle {a}")),
+        other => other.to_owned(),
+    }
+}
+
+/// Whether `pid` is a live process (a zombie waiting for its reaper counts as gone).
+pub fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Activity;
+
+    fn member(status: MemberStatus, pid: Option<u32>, act: Option<Activity>) -> Member {
+        let mut m = Member::new("a", "r");
+        m.status = status;
+        m.pid = pid;
+        m.activity = act;
+        m
+    }
+
+    fn act(state: ActivityState, since: f64) -> Activity {
+        Activity {
+            state,
+            since,
+            call: None,
+            until: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn each_state_reads_as_it_should() {
+        let now = 1000.0;
+        let waiting = Activity {
+            call: Some(4),
+            until: Some(1008.0),
+            error: Some("http 503".into()),
+            ..act(ActivityState::WaitingApi, 990.0)
+        };
+        let m = member(MemberStatus::Working, Some(7), Some(waiting));
+        let d = doing(&m, true, Some(995.0));
+        assert_eq!(d.state, "waiting_api");
+        assert_eq!(
+            (d.call, d.until, d.last_seen),
+            (Some(4), Some(1008.0), Some(995.0))
+        );
+        assert_eq!(describe(&d, now), "API down, retry in 8s: http 503");
+        // The same record with the process gone is dead.
+        let d = doing(&m, false, Some(995.0));
+        assert_eq!(d.state, "dead");
+        assert_eq!(describe(&d, now), "dead (pid 7), last seen 5s ago");
+        let restarting = Activity {
+            until: Some(1003.0),
+            ..act(ActivityState::Restarting, 999.0)
+        };
+        let d = doing(
+            &member(MemberStatus::Spawning, None, Some(restarting)),
+            false,
+            None,
+        );
+        assert_eq!(
+            (d.state, describe(&d, now).as_str()),
+            ("restarting", "restart in 3s")
+        );
+        let d = doing(&member(MemberStatus::Spawning, None, None), false, None);
+        assert_eq!(d.state, "spawning");
+        let working = Activity {
+            call: Some(2),
+            ..act(ActivityState::Working, 988.0)
+        };
+        let d = doing(
+            &member(MemberStatus::Working, Some(7), Some(working)),
+            true,
+            None,
+        );
+        assert_eq!(describe(&d, now), "call 2, 12s");
+        let d = doing(&member(MemberStatus::Failed, None, None), false, None);
+        assert_eq!(d.state, "failed");
+        // A record written before activities existed still reads.
+        let d = doing(&member(MemberStatus::Idle, Some(7), None), true, None);
+        assert_eq!(d.state, "idle");
+    }
+}
