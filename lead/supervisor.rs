@@ -447,9 +447,12 @@ impl Supervisor {
 
     fn next_deadline(&self) -> Option<Duration> {
         let now = Instant::now();
+        // A restart that is due but could not start (config.json unreadable) waits for the
+        // next regular wake-up instead of spinning.
         self.restart_at
             .values()
             .copied()
+            .filter(|at| *at > now)
             .chain(self.running.values().filter_map(|r| r.kill_at))
             .map(|t| t.saturating_duration_since(now))
             .min()
@@ -619,6 +622,8 @@ impl Supervisor {
             .filter(|m| m.status.wants_process())
             .map(|m| m.name.clone())
             .collect();
+        // A member no longer wanted (edited by hand, removed) has no restart to wait for.
+        self.restart_at.retain(|n, _| wanted.contains(n));
         for name in wanted {
             if self.running.contains_key(&name)
                 || self.restart_at.get(&name).is_some_and(|at| *at > now)
@@ -695,8 +700,10 @@ impl Supervisor {
         match cmd.spawn() {
             Ok(child) => {
                 let pid = child.id();
-                self.writer.member(name, Some(incarnation), move |m| {
-                    m.pid = Some(pid);
+                self.writer.member(name, None, move |m| {
+                    if m.incarnation == incarnation {
+                        m.pid = Some(pid);
+                    }
                 });
                 events::log(
                     &self.team,
@@ -1038,6 +1045,62 @@ mod tests {
         assert_eq!(restart_delay(None, false, max * 2, max), max);
         let zero = Duration::ZERO;
         assert_eq!(restart_delay(Some(zero), false, zero, max), zero);
+    }
+
+    fn facts(code: Option<i32>) -> ExitFacts {
+        ExitFacts {
+            name: "amy".into(),
+            code,
+            max_restarts: 5,
+            window_secs: 60,
+            last_exit: "SIGKILL".into(),
+            ..ExitFacts::default()
+        }
+    }
+
+    #[test]
+    fn exits_are_decided_by_who_asked_and_how_it_ended() {
+        use ExitDecision::*;
+        assert_eq!(decide_exit(&facts(Some(0))), Shutdown(None));
+        assert_eq!(decide_exit(&facts(None)), Restart { counted: true });
+        assert_eq!(decide_exit(&facts(Some(1))), Restart { counted: true });
+        // A transient failure is restarted without counting toward the limit.
+        let mut f = facts(Some(75));
+        f.recent_restarts = 9;
+        assert_eq!(decide_exit(&f), Restart { counted: false });
+        // The limit.
+        let mut f = facts(None);
+        f.recent_restarts = 5;
+        assert_eq!(
+            decide_exit(&f),
+            Failed("5 restarts within 60 s (last exit: SIGKILL); gave up".into())
+        );
+        match decide_exit(&facts(Some(78))) {
+            Failed(why) => {
+                assert!(why.contains("configuration error") && why.contains("lead logs amy"))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Killed after approving its shutdown: shut down, not restarted.
+        let mut f = facts(None);
+        f.approved_shutdown = true;
+        assert_eq!(decide_exit(&f), Shutdown(None));
+        // A team stop pauses; a shutdown of its own during the stop stays a shutdown.
+        let mut f = facts(Some(143));
+        f.stopping = true;
+        assert_eq!(decide_exit(&f), Stopped);
+        let mut f = facts(Some(0));
+        f.stopping = true;
+        f.on_its_own = true;
+        assert_eq!(decide_exit(&f), Shutdown(None));
+        // An escalated shutdown is a stop the lead asked for, whatever the exit.
+        let mut f = facts(None);
+        f.stopping = true;
+        f.escalated = Some("a1b2c3d4".into());
+        match decide_exit(&f) {
+            Shutdown(Some(why)) => assert!(why.contains("a1b2c3d4")),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -484,3 +484,62 @@ fn a_reactivation_before_the_reap_is_kept() {
     });
     assert!(alive(m2.pid.unwrap()));
 }
+
+/// `lead chat -p` does not take a team that waits for the API for a quiet one: it exits only
+/// once the teammate came back, finished, and its summary reached the lead.
+#[test]
+fn chat_p_waits_for_a_teammate_that_waits_for_the_api() {
+    let team = Team::new();
+    let fake = FakeLlm::start([]).patient(Duration::from_secs(20));
+    spawn(&team, &fake.url(), "amy", &["--model", "m-amy"]);
+    // Amy's first dozen tries meet an overloaded API (4 tries per wait at most: 3 attempts of
+    // a call, then a wait), then she answers.
+    for _ in 0..12 {
+        fake.push_for("m-amy", overloaded());
+    }
+    fake.push_for("m-amy", Reply::ok(anthropic_text("amy: all done")));
+    // The lead ends its turn at once, then answers amy's idle notification.
+    fake.push_for("m-lead", Reply::ok(anthropic_text("waiting for amy")));
+    fake.push_for("m-lead", Reply::ok(anthropic_text("amy is done")));
+    let chat = lead_cmd(
+        &team,
+        &fake.url(),
+        &["chat", "-p", "let amy finish", "--model", "m-lead"],
+    )
+    .env("TROUPE_API_WAIT_MAX_SECS", "0.3")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The team stop at the end asks amy to shut down: she approves.
+    let rid = wait_until(T, "the team stop's request", || {
+        RequestStore::new(&team.dir)
+            .list(Some(RequestStatus::Pending))
+            .unwrap()
+            .into_iter()
+            .find(|r| r.to == "amy")
+            .map(|r| r.request_id)
+    });
+    fake.push_for(
+        "m-amy",
+        Reply::ok(anthropic_message(
+            &format!(
+                r#"{{"type":"tool_use","id":"t1","name":"shutdown_response","input":{{"request_id":"{rid}","approve":true}}}}"#
+            ),
+            "tool_use",
+            r#"{"input_tokens":1,"output_tokens":1}"#,
+        )),
+    );
+    let o = chat.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("amy is done"), "{out}");
+    assert_eq!(team.member("amy").restarts, 0);
+    // Every outage reply was used before the answer (and then the team stop's call).
+    assert!(fake.requests_for("m-amy") >= 13);
+}
