@@ -102,6 +102,11 @@ pub fn broadcast(team: &TeamDir, text: &str) -> Result<Vec<(String, String)>> {
 
 /// Asks a running teammate to shut down: a pending request aimed at its current incarnation,
 /// and a `shutdown_request` message. Returns the request.
+///
+/// A member with no process yet (`spawning`: brand new, reactivated, or waiting out a restart
+/// backoff) has no current incarnation to aim at: the request is aimed at none, which means
+/// whichever incarnation runs next. Aimed at the last one, it would be rejected as stale by the
+/// very process it was meant for.
 pub fn request_shutdown(
     team: &TeamDir,
     name: &str,
@@ -118,12 +123,17 @@ pub fn request_shutdown(
             why: "it is not running",
         });
     }
+    let target = if m.status == MemberStatus::Spawning && m.pid.is_none() {
+        None
+    } else {
+        Some(m.incarnation)
+    };
     let req = RequestStore::new(team).create(NewRequest {
         kind: RequestKind::Shutdown,
         from: LEAD.to_owned(),
         to: name.to_string(),
         payload: json!({"reason": reason}),
-        target_incarnation: Some(m.incarnation),
+        target_incarnation: target,
         ttl: Some(ttl),
     })?;
     let mut msg = Message::new(MessageType::ShutdownRequest, LEAD, name.as_str(), reason)
@@ -133,7 +143,7 @@ pub fn request_shutdown(
     events::log(
         team,
         "shutdown_requested",
-        json!({"name": name, "request_id": req.request_id, "target_incarnation": m.incarnation}),
+        json!({"name": name, "request_id": req.request_id, "target_incarnation": target}),
     );
     Ok(req)
 }

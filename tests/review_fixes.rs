@@ -1,0 +1,118 @@
+//! Regression tests for the review findings (review-findings.md), each driven through the real
+//! binaries: a shutdown asked of a member that has no process yet, a late rejection past a
+//! request's expiry, a shutdown request or plan decision whose message could not be delivered, a
+//! torn line in events.jsonl, and `lead run --detach` with a team dir named `run`.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::fake_llm::{
+    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+};
+use support::team::{Bg, Team, lead_cmd as lead, wait_until};
+use troupe::config::MemberStatus;
+use troupe::requests::{Request, RequestStatus, RequestStore};
+
+const T: Duration = Duration::from_secs(30);
+const USAGE: &str = r#"{"input_tokens":3,"output_tokens":2}"#;
+
+fn out(c: &mut Command) -> Output {
+    c.output().unwrap()
+}
+
+fn stdout_json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: stdout {:?}, stderr {:?}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+fn tool(name: &str, input: &str) -> Reply {
+    Reply::ok(anthropic_message(
+        &anthropic_tool_use_block("tu", name, input),
+        "tool_use",
+        USAGE,
+    ))
+}
+
+/// `lead spawn NAME --role r --prompt p`, which must succeed.
+fn spawn(team: &Team, url: &str, name: &str) {
+    let o = out(&mut lead(
+        team,
+        url,
+        &["spawn", name, "--role", "r", "--prompt", "p"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `lead run` in the background with short stop and kill timeouts.
+fn supervise(team: &Team, url: &str) -> Bg {
+    Bg(lead(
+        team,
+        url,
+        &["run", "--stop-timeout", "1", "--kill-grace", "1"],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap())
+}
+
+fn request(team: &Team, id: &str) -> Request {
+    RequestStore::new(&team.dir).get(id).unwrap()
+}
+
+fn events(team: &Team, name: &str) -> Vec<Value> {
+    troupe::events::read_all(&team.dir)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["event"] == name)
+        .collect()
+}
+
+// Finding 9.
+
+/// Finding 9: a shutdown asked of a member that has no process yet applies to the incarnation
+/// that starts next, instead of being auto-rejected by it as stale.
+#[test]
+fn shutdown_of_a_member_not_started_yet_is_obeyed_by_the_next_incarnation() {
+    let team = Team::new();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    spawn(&team, &url, "bob");
+    let o = out(&mut lead(
+        &team,
+        &url,
+        &["shutdown", "bob", "--json", "--timeout", "60"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rid = stdout_json(&o)["request_id"].as_str().unwrap().to_owned();
+    assert_eq!(request(&team, &rid).target_incarnation, None);
+    // bob's first turn holds its task and the request; its model approves.
+    fake.push(tool(
+        "shutdown_response",
+        &format!(r#"{{"request_id":"{rid}","approve":true,"reason":"ok"}}"#),
+    ));
+    fake.push(Reply::ok(anthropic_text("bye")));
+    let _sup = supervise(&team, &url);
+    let r = wait_until(T, "the request answered", || {
+        let r = request(&team, &rid);
+        (r.status != RequestStatus::Pending).then_some(r)
+    });
+    assert_eq!(
+        r.status,
+        RequestStatus::Approved,
+        "response: {:?}",
+        r.response
+    );
+    wait_until(T, "bob shut down", || {
+        let m = team.member("bob");
+        (m.status == MemberStatus::Shutdown && m.pid.is_none()).then_some(())
+    });
+    assert!(events(&team, "shutdown_stale").is_empty());
+}
