@@ -116,3 +116,69 @@ fn shutdown_of_a_member_not_started_yet_is_obeyed_by_the_next_incarnation() {
     });
     assert!(events(&team, "shutdown_stale").is_empty());
 }
+
+// Finding 15.
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use support::team::alive;
+
+fn idle_pid(team: &Team, name: &str) -> u64 {
+    wait_until(T, "the member idle", || {
+        let m = team.member(name);
+        (m.status == MemberStatus::Idle)
+            .then_some(m.pid)
+            .flatten()
+            .map(u64::from)
+    })
+}
+
+fn signal(pid: u64, sig: Signal) {
+    kill(Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+/// Finding 15: a rejection that arrives after the request's expiry, before the supervisor has
+/// looked, must not take the escalation away: the supervisor expires it and stops the worker.
+#[test]
+fn a_rejection_after_the_expiry_is_still_escalated() {
+    let team = Team::new();
+    let fake = FakeLlm::start([Reply::ok(anthropic_text("ready"))]).patient(T);
+    let url = fake.url();
+    spawn(&team, &url, "bob");
+    let sup = supervise(&team, &url);
+    let pid = idle_pid(&team, "bob");
+    let calls = fake.request_count();
+    let o = out(&mut lead(
+        &team,
+        &url,
+        &["shutdown", "bob", "--json", "--timeout", "1"],
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rid = stdout_json(&o)["request_id"].as_str().unwrap().to_owned();
+    // Hold the supervisor still, so that its next look at the request comes after the answer
+    // (the window of the finding: an answer between `expires_at` and the supervisor's tick).
+    let sup_pid = u64::from(sup.0.id());
+    signal(sup_pid, Signal::SIGSTOP);
+    fake.push(
+        tool(
+            "shutdown_response",
+            &format!(r#"{{"request_id":"{rid}","approve":false,"reason":"busy"}}"#),
+        )
+        .delay(Duration::from_millis(1500)),
+    );
+    fake.push(Reply::ok(anthropic_text("staying")));
+    // The model was called again with the tool's result: the answer was tried.
+    wait_until(T, "bob's late answer", || {
+        (fake.request_count() >= calls + 2).then_some(())
+    });
+    let r = request(&team, &rid);
+    assert!(r.expires_at.unwrap() <= troupe::fsutil::now());
+    signal(sup_pid, Signal::SIGCONT);
+    wait_until(Duration::from_secs(10), "shutdown_escalated", || {
+        (!events(&team, "shutdown_escalated").is_empty()).then_some(())
+    });
+    wait_until(Duration::from_secs(10), "bob's worker gone", || {
+        (!alive(pid)).then_some(())
+    });
+    assert_eq!(request(&team, &rid).status, RequestStatus::Expired);
+}
