@@ -101,7 +101,8 @@ pub fn broadcast(team: &TeamDir, text: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// Asks a running teammate to shut down: a pending request aimed at its current incarnation,
-/// and a `shutdown_request` message. Returns the request.
+/// and a `shutdown_request` message. Returns the request. If the message cannot be appended (for
+/// example the inbox is full), the request is expired at once and the append's error returned.
 ///
 /// A member with no process yet (`spawning`: brand new, reactivated, or waiting out a restart
 /// backoff) has no current incarnation to aim at: the request is aimed at none, which means
@@ -128,7 +129,8 @@ pub fn request_shutdown(
     } else {
         Some(m.incarnation)
     };
-    let req = RequestStore::new(team).create(NewRequest {
+    let store = RequestStore::new(team);
+    let req = store.create(NewRequest {
         kind: RequestKind::Shutdown,
         from: LEAD.to_owned(),
         to: name.to_string(),
@@ -139,7 +141,24 @@ pub fn request_shutdown(
     let mut msg = Message::new(MessageType::ShutdownRequest, LEAD, name.as_str(), reason)
         .with_request(&req.request_id);
     msg.reason = Some(reason.to_owned());
-    Inbox::new(team, &name).append(&msg, Durability::Sync)?;
+    if let Err(e) = Inbox::new(team, &name).append(&msg, Durability::Sync) {
+        // Undelivered, the request must not outlive this error: pending, it would expire and
+        // have the supervisor stop a teammate that was never asked, and it would block the
+        // next request. Whatever made the append fail, the caller hears of that.
+        let why = format!("the request could not be delivered: {e}");
+        match store.expire_now(&req.request_id, &why) {
+            Ok(_) => events::log(
+                team,
+                "shutdown_undelivered",
+                json!({"name": name, "request_id": req.request_id, "error": e.to_string()}),
+            ),
+            Err(e2) => tracing::warn!(
+                "could not expire the undelivered shutdown request {}: {e2}",
+                req.request_id
+            ),
+        }
+        return Err(e);
+    }
     events::log(
         team,
         "shutdown_requested",

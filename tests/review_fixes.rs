@@ -182,3 +182,76 @@ fn a_rejection_after_the_expiry_is_still_escalated() {
     });
     assert_eq!(request(&team, &rid).status, RequestStatus::Expired);
 }
+
+// M2.
+
+use troupe::AgentName;
+use troupe::inbox::{self, Inbox};
+
+fn inbox_of(team: &Team, name: &str) -> Inbox {
+    Inbox::new(&team.dir, &AgentName::teammate(name).unwrap())
+}
+
+/// Grows `name`'s inbox to the cap with a sparse tail (nothing more can be appended); returns
+/// its length before, for [`unfill`].
+fn fill(team: &Team, name: &str) -> u64 {
+    let path = inbox_of(team, name).path().to_owned();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let before = f.metadata().unwrap().len();
+    f.set_len(inbox::DEFAULT_CAP).unwrap();
+    before
+}
+
+fn unfill(team: &Team, name: &str, len: u64) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(inbox_of(team, name).path())
+        .unwrap();
+    f.set_len(len).unwrap();
+}
+
+/// M2: a shutdown request whose message cannot be delivered (the inbox is full) is expired at
+/// once, so it neither kills the teammate later nor blocks the next request.
+#[test]
+fn an_undelivered_shutdown_request_is_expired_at_once_and_kills_nobody() {
+    let team = Team::new();
+    let fake = FakeLlm::start([Reply::ok(anthropic_text("ready"))]).patient(T);
+    let url = fake.url();
+    spawn(&team, &url, "bob");
+    let _sup = supervise(&team, &url);
+    let pid = idle_pid(&team, "bob");
+    // Stopped, bob cannot drain the inbox while it is full.
+    signal(pid, Signal::SIGSTOP);
+    let len = fill(&team, "bob");
+    let o = out(&mut lead(
+        &team,
+        &url,
+        &["shutdown", "bob", "--timeout", "1"],
+    ));
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("full"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    unfill(&team, "bob", len);
+    signal(pid, Signal::SIGCONT);
+    let reqs = RequestStore::new(&team.dir).list(None).unwrap();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].status, RequestStatus::Expired, "{:?}", reqs[0]);
+    // Give the supervisor several ticks past the request's expiry (it ticks at least once a
+    // second): nothing may stop bob.
+    let until = reqs[0].expires_at.unwrap() + 3.0;
+    while troupe::fsutil::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(alive(pid), "bob was stopped");
+    assert!(events(&team, "shutdown_escalated").is_empty());
+    assert_eq!(team.member("bob").incarnation, 1);
+}
