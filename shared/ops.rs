@@ -168,6 +168,12 @@ pub fn request_shutdown(
 }
 
 /// The lead's decision on a plan: resolves the request and tells the teammate.
+///
+/// The `plan_approval_response` has an id derived from the request, so it can be sent again
+/// without being consumed twice. That is what a repeated decision does: if the lead already
+/// decided this request the same way (a crash or a failed append may have kept the teammate
+/// from hearing it), the recorded answer is sent again, and the call still fails with
+/// `AlreadyResolved`. A different decision sends nothing.
 pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> Result<Request> {
     let store = RequestStore::new(team);
     let req = store.get(id)?;
@@ -178,12 +184,27 @@ pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> R
             who: LEAD.to_owned(),
         });
     }
-    let req = store.resolve(id, LEAD, approve, json!({"feedback": feedback}))?;
-    let mut msg =
-        Message::new(MessageType::PlanApprovalResponse, LEAD, &req.from, feedback).with_request(id);
-    msg.approve = Some(approve);
-    msg.feedback = Some(feedback.to_owned());
-    Inbox::new(team, &AgentName::teammate(&req.from)?).append(&msg, Durability::Sync)?;
+    let req = match store.resolve(id, LEAD, approve, json!({"feedback": feedback})) {
+        Ok(req) => req,
+        Err(e @ Error::AlreadyResolved { .. }) => {
+            let cur = store.get(id)?;
+            let decided_alike = cur.response.as_ref().is_some_and(|r| {
+                r.get("by").and_then(|b| b.as_str()) == Some(LEAD)
+                    && r.get("approve").and_then(|a| a.as_bool()) == Some(approve)
+            });
+            if decided_alike {
+                send_plan_response(team, &cur, approve, cur.response_text().unwrap_or(""))?;
+                events::log(
+                    team,
+                    "plan_response_resent",
+                    json!({"name": cur.from, "request_id": id, "approve": approve}),
+                );
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    send_plan_response(team, &req, approve, feedback)?;
     events::log(
         team,
         if approve {
@@ -194,4 +215,16 @@ pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> R
         json!({"name": req.from, "request_id": id, "feedback": feedback}),
     );
     Ok(req)
+}
+
+/// Tells the submitter of a plan request the lead's decision.
+fn send_plan_response(team: &TeamDir, req: &Request, approve: bool, feedback: &str) -> Result<()> {
+    let id = &req.request_id;
+    let mut msg =
+        Message::new(MessageType::PlanApprovalResponse, LEAD, &req.from, feedback).with_request(id);
+    // Derived from the request: a re-sent decision is consumed once.
+    msg.id = crate::ids::derived(&format!("plan_response:{id}")).to_string();
+    msg.approve = Some(approve);
+    msg.feedback = Some(feedback.to_owned());
+    Inbox::new(team, &AgentName::teammate(&req.from)?).append(&msg, Durability::Sync)
 }

@@ -255,3 +255,69 @@ fn an_undelivered_shutdown_request_is_expired_at_once_and_kills_nobody() {
     assert!(events(&team, "shutdown_escalated").is_empty());
     assert_eq!(team.member("bob").incarnation, 1);
 }
+
+// M3.
+
+use serde_json::json;
+use troupe::message::MessageType;
+use troupe::requests::{NewRequest, RequestKind};
+
+/// M3: a plan decision whose message could not be delivered is re-sent when the lead decides
+/// the same way again; the retry still reports the request as already decided (exit 4).
+#[test]
+fn a_plan_decision_is_resent_when_repeated() {
+    let team = Team::new();
+    let url = "http://127.0.0.1:9";
+    let req = RequestStore::new(&team.dir)
+        .create(NewRequest {
+            kind: RequestKind::PlanApproval,
+            from: "bob".into(),
+            to: "lead".into(),
+            payload: json!({"plan": "do it"}),
+            target_incarnation: Some(1),
+            ttl: None,
+        })
+        .unwrap();
+    let id = req.request_id.as_str();
+    fill(&team, "bob");
+    let o = out(&mut lead(&team, url, &["approve", id, "--feedback", "go"]));
+    assert!(!o.status.success());
+    assert_eq!(request(&team, id).status, RequestStatus::Approved);
+    unfill(&team, "bob", 0);
+    let responses = || -> Vec<troupe::message::Message> {
+        inbox_of(&team, "bob")
+            .peek()
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.kind == MessageType::PlanApprovalResponse)
+            .collect()
+    };
+    let o = out(&mut lead(
+        &team,
+        url,
+        &["approve", id, "--feedback", "again"],
+    ));
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let got = responses();
+    assert_eq!(got.len(), 1, "{got:?}");
+    let sent = &got[0];
+    assert_eq!(sent.request_id.as_deref(), Some(id));
+    assert_eq!(sent.approve, Some(true));
+    // The recorded decision is what is sent, not the retry's words.
+    assert_eq!(sent.feedback.as_deref(), Some("go"));
+    // A different decision is refused and sends nothing.
+    let o = out(&mut lead(&team, url, &["reject", id, "--feedback", "no"]));
+    assert_eq!(o.status.code(), Some(4));
+    assert_eq!(responses().len(), 1);
+    // Another re-send carries the same id, so the teammate consumes it once.
+    let o = out(&mut lead(&team, url, &["approve", id]));
+    assert_eq!(o.status.code(), Some(4));
+    let got = responses();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].id, got[0].id);
+}
