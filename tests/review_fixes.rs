@@ -321,3 +321,16 @@ fn a_plan_decision_is_resent_when_repeated() {
     assert_eq!(got.len(), 2);
     assert_eq!(got[1].id, got[0].id);
 }
+
+// M5.
+
+/// M5: a fragment left in events.jsonl by a killed writer does not swallow the next event.
+#[test]
+fn a_torn_event_line_does_not_swallow_the_next_event() {
+    let team = Team::new();
+    std::fs::write(team.dir.events(), r#"{"ts":1,"eve"#).unwrap();
+    spawn(&team, "http://127.0.0.1:9", "bob");
+    let ev = events(&team, "spawn_requested");
+    assert_eq!(ev.len(), 1, "{:?}", troupe::events::read_all(&team.dir));
+    assert_eq!(ev[0]["name"], "bob");
+}
