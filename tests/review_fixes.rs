@@ -334,3 +334,51 @@ fn a_torn_event_line_does_not_swallow_the_next_event() {
     assert_eq!(ev.len(), 1, "{:?}", troupe::events::read_all(&team.dir));
     assert_eq!(ev[0]["name"], "bob");
 }
+
+// M9.
+
+use std::time::Instant;
+
+/// Kills a detached supervisor on drop if the test did not stop it.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0), Signal::SIGKILL);
+    }
+}
+
+/// M9: `lead --team-dir run run --detach` (a team dir named `run`) starts a supervisor on ./run.
+#[test]
+fn detach_with_a_team_dir_named_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lead_in_tmp = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
+        c.args(args)
+            .current_dir(tmp.path())
+            .env_remove("TROUPE_TEAM_DIR")
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null());
+        c
+    };
+    let o = out(&mut lead_in_tmp(&[
+        "--team-dir",
+        "run",
+        "run",
+        "--detach",
+        "--stop-timeout",
+        "1",
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pid: i32 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let _guard = KillOnDrop(pid);
+    let lock = tmp.path().join("run").join("lead.lock");
+    assert!(troupe::fsutil::HeldLock::is_held(&lock).unwrap());
+    let t = Instant::now();
+    let o = out(&mut lead_in_tmp(&["--team-dir", "run", "stop"]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(t.elapsed() < T);
+    wait_until(T, "the supervisor gone", || {
+        (!alive(pid as u64)).then_some(())
+    });
+}
