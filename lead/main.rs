@@ -99,14 +99,9 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     let team = || troupe::TeamDir::open(&cli.team_dir);
     match cli.command {
-        Cmd::Run(a) if a.detach => {
-            let rest: Vec<String> = std::env::args()
-                .skip_while(|x| x != "run")
-                .skip(1)
-                .filter(|x| x != "--detach")
-                .collect();
-            supervisor::detach(&cli.team_dir, &rest)
-        }
+        // Rebuilt from what was parsed, not cut out of argv, where `run` may be a value too
+        // (`--team-dir run`).
+        Cmd::Run(a) if a.detach => supervisor::detach(&cli.team_dir, &a.to_args()?),
         Cmd::Run(a) => supervisor::run(&cli.team_dir, a),
         Cmd::Stop(a) => supervisor::stop(&team()?, a),
         Cmd::Spawn(a) => commands::spawn(&cli.team_dir, a),
@@ -133,4 +128,52 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     e.chain()
         .find_map(|c| c.downcast_ref::<troupe::Error>())
         .map_or(1, troupe::Error::exit_code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(argv: &[&str]) -> supervisor::RunArgs {
+        match Cli::try_parse_from(argv).unwrap().command {
+            Cmd::Run(a) => a,
+            other => panic!("not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn detached_run_args_parse_back_the_same() {
+        for argv in [
+            &["lead", "run", "--detach"][..],
+            &[
+                "lead",
+                "--team-dir",
+                "run",
+                "run",
+                "--detach",
+                "--workdir",
+                "run",
+                "--stop-timeout",
+                "7",
+                "--kill-grace",
+                "2",
+                "--max-restarts",
+                "9",
+                "--restart-window",
+                "30",
+                "--restart-delay",
+                "0.25",
+                "--restart-delay-max",
+                "12.5",
+            ],
+        ] {
+            let a = run_args(argv);
+            let rest = a.to_args().unwrap();
+            assert!(!rest.iter().any(|x| x == "--detach"));
+            let mut again = vec!["lead".to_owned(), "run".to_owned(), "--detach".to_owned()];
+            again.extend(rest);
+            let b = run_args(&again.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
+    }
 }

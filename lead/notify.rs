@@ -14,7 +14,7 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// Reads `NOTIFY_SOCKET` and `WATCHDOG_USEC` from the environment.
+    /// Reads `NOTIFY_SOCKET`, `WATCHDOG_USEC` and `WATCHDOG_PID` from the environment.
     pub fn from_env() -> Notifier {
         let target = std::env::var("NOTIFY_SOCKET").ok().and_then(|p| {
             let addr = match p.strip_prefix('@') {
@@ -23,10 +23,11 @@ impl Notifier {
             };
             Some((UnixDatagram::unbound().ok()?, addr))
         });
-        let watchdog = std::env::var("WATCHDOG_USEC")
-            .ok()
-            .and_then(|u| u.parse::<u64>().ok())
-            .map(|us| Duration::from_micros(us / 2));
+        let watchdog = ping_interval(
+            std::env::var("WATCHDOG_USEC").ok().as_deref(),
+            std::env::var("WATCHDOG_PID").ok().as_deref(),
+            std::process::id(),
+        );
         Notifier {
             target,
             watchdog,
@@ -68,5 +69,40 @@ impl Notifier {
             self.last_ping = Instant::now();
         }
         Some(every.saturating_sub(self.last_ping.elapsed()))
+    }
+}
+
+/// How often to send `WATCHDOG=1`: half of `WATCHDOG_USEC`, as `sd_watchdog_enabled` decides.
+/// `None` when there is no watchdog, when it is `0` or unreadable, or when `WATCHDOG_PID` names
+/// another process: the variables were meant for it (a parent that started us with its
+/// environment), and systemd would ignore our pings or, with `NotifyAccess=all`, count them
+/// for a process that may be hung.
+fn ping_interval(usec: Option<&str>, pid: Option<&str>, our_pid: u32) -> Option<Duration> {
+    if let Some(pid) = pid
+        && pid.parse::<u32>().ok() != Some(our_pid)
+    {
+        return None;
+    }
+    usec.and_then(|u| u.parse::<u64>().ok())
+        .filter(|&us| us > 0)
+        .map(|us| Duration::from_micros(us / 2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_only_for_the_pid_systemd_named() {
+        let half = Some(Duration::from_secs(5));
+        assert_eq!(ping_interval(Some("10000000"), None, 42), half);
+        assert_eq!(ping_interval(Some("10000000"), Some("42"), 42), half);
+        // Meant for another process (a parent that exec'd us keeps its own watchdog).
+        assert_eq!(ping_interval(Some("10000000"), Some("41"), 42), None);
+        assert_eq!(ping_interval(Some("10000000"), Some("x"), 42), None);
+        assert_eq!(ping_interval(None, Some("42"), 42), None);
+        assert_eq!(ping_interval(Some("nope"), None, 42), None);
+        // Zero is no watchdog (not a ping on every tick).
+        assert_eq!(ping_interval(Some("0"), None, 42), None);
     }
 }

@@ -64,6 +64,39 @@ pub struct RunArgs {
     restart_delay_max: f64,
 }
 
+impl RunArgs {
+    /// The arguments that parse back into these, without `--detach`: what `lead run --detach`
+    /// gives the supervisor it starts. (Destructured whole, so a new flag must be added here.)
+    pub fn to_args(&self) -> anyhow::Result<Vec<String>> {
+        let RunArgs {
+            detach: _,
+            stop_timeout,
+            kill_grace,
+            workdir,
+            max_restarts,
+            restart_window,
+            restart_delay,
+            restart_delay_max,
+        } = self;
+        let mut args: Vec<String> = [
+            ("--stop-timeout", stop_timeout.to_string()),
+            ("--kill-grace", kill_grace.to_string()),
+            ("--max-restarts", max_restarts.to_string()),
+            ("--restart-window", restart_window.to_string()),
+            ("--restart-delay", restart_delay.to_string()),
+            ("--restart-delay-max", restart_delay_max.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_owned(), v])
+        .collect();
+        if let Some(w) = workdir {
+            let w = w.to_str().context("--workdir is not valid UTF-8")?;
+            args.extend(["--workdir".to_owned(), w.to_owned()]);
+        }
+        Ok(args)
+    }
+}
+
 /// The longest delay accepted, in seconds (about 31 years): far beyond any use, and small
 /// enough that adding it to an `Instant` cannot overflow.
 const MAX_DELAY_SECS: f64 = 1e9;

@@ -4,6 +4,10 @@
 //! one JSON line: `{"ts": 1764672000.1, "event": "spawn", ...fields}`. Lines are appended with one
 //! `write_all` under `events.lock`, so concurrent processes never interleave. Logging an event
 //! never fails the operation that caused it: a failure to log is reported on stderr.
+//!
+//! As in the inboxes, each line is written preceded by a `\n`: a writer killed mid-write leaves
+//! an unterminated fragment, and the next event's leading `\n` ends it instead of being glued
+//! to it. Readers skip the empty lines this leaves and set fragments aside with a warning.
 
 use serde_json::{Map, Value, json};
 
@@ -30,7 +34,9 @@ pub fn try_log(team: &TeamDir, event: &str, fields: Value) -> Result<()> {
             obj.insert("data".into(), other);
         }
     }
-    let mut line = serde_json::to_vec(&Value::Object(obj))
+    // One write: the leading `\n` ends a fragment a killed writer may have left.
+    let mut line = vec![b'\n'];
+    serde_json::to_writer(&mut line, &Value::Object(obj))
         .map_err(|e| Error::Protocol(format!("failed to serialize event: {e}")))?;
     line.push(b'\n');
     let lock_path = team.events_lock();
@@ -49,12 +55,20 @@ pub fn read_all(team: &TeamDir) -> Result<Vec<Value>> {
     Ok(parse_lines(&bytes))
 }
 
-/// The events among `bytes`, one JSON object per line; unreadable lines are skipped.
+/// The events among `bytes`, one JSON object per line. Empty lines are skipped; a line that is
+/// not a JSON object (a fragment left by a writer killed mid-write) is skipped with a warning.
 fn parse_lines(bytes: &[u8]) -> Vec<Value> {
     bytes
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
-        .filter_map(|l| serde_json::from_slice(l).ok())
+        .filter_map(|l| match serde_json::from_slice::<Value>(l) {
+            Ok(v @ Value::Object(_)) => Some(v),
+            _ => {
+                let shown = String::from_utf8_lossy(&l[..l.len().min(80)]);
+                tracing::warn!("events.jsonl: skipping an unreadable line: {shown:?}");
+                None
+            }
+        })
         .collect()
 }
 
@@ -75,4 +89,29 @@ pub fn read_from(team: &TeamDir, offset: u64) -> Result<(Vec<Value>, u64)> {
     f.read_to_end(&mut buf).map_err(Error::io("read", &path))?;
     let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     Ok((parse_lines(&buf[..complete]), offset + complete as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fragment_does_not_swallow_the_next_event() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        try_log(&team, "one", json!({})).unwrap();
+        // A writer killed mid-write.
+        let mut f = fsutil::open_append(&team.events()).unwrap();
+        std::io::Write::write_all(&mut f, br#"{"ts":1,"eve"#).unwrap();
+        try_log(&team, "two", json!({"n": 2})).unwrap();
+        let names: Vec<_> = read_all(&team)
+            .unwrap()
+            .into_iter()
+            .map(|e| e["event"].clone())
+            .collect();
+        assert_eq!(names, [json!("one"), json!("two")]);
+        let (followed, end) = read_from(&team, 0).unwrap();
+        assert_eq!(followed.len(), 2);
+        assert_eq!(end, std::fs::metadata(team.events()).unwrap().len());
+    }
 }

@@ -125,13 +125,63 @@ impl HeldLock {
         Ok(held.then_some(HeldLock { _file: file }))
     }
 
-    /// Whether some process holds the lock at `path` right now (without keeping it).
+    /// Whether some process holds the lock at `path` right now, shared or exclusive.
+    ///
+    /// Looks for a `FLOCK` entry on the file's device and inode in `/proc/locks`, without
+    /// touching the lock: a probe that takes the lock, even for an instant, makes a
+    /// `try_acquire` at that instant fail (a `lead run` starting while `lead stop` polls would
+    /// exit "locked"). The probe is the fallback when `/proc/locks` cannot be read, and when it
+    /// lists the file's inode on another device number (btrfs subvolumes and some stacked
+    /// filesystems show `stat` a device that is not the one in `/proc/locks`). The kernel leaves
+    /// out locks of processes outside the reader's pid namespace, so a holder in another
+    /// container is not seen.
     pub fn is_held(path: &Path) -> Result<bool> {
-        if !path.exists() {
-            return Ok(false);
+        use std::os::unix::fs::MetadataExt;
+        let meta = match fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Error::io("stat", path)(e)),
+        };
+        let listed = fs::read_to_string("/proc/locks")
+            .ok()
+            .and_then(|text| flock_listed(&text, meta.dev(), meta.ino()));
+        match listed {
+            Some(held) => Ok(held),
+            None => Ok(HeldLock::try_acquire(path)?.is_none()),
         }
-        Ok(HeldLock::try_acquire(path)?.is_none())
     }
+}
+
+/// Whether `/proc/locks` (its text) lists a flock on device `dev`, inode `ino`; `None` when it
+/// cannot tell: an entry has that inode on another device, whose numbers may not be comparable.
+///
+/// A line reads `1: FLOCK  ADVISORY  WRITE 4242 fe:00:10010969 0 EOF`: major and minor in hex,
+/// the inode in decimal. Waiters (`1: -> FLOCK ...`) hold nothing and are skipped.
+fn flock_listed(text: &str, dev: u64, ino: u64) -> Option<bool> {
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let mut unsure = false;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&"FLOCK") {
+            continue;
+        }
+        let Some(mut id) = fields.get(5).map(|f| f.splitn(3, ':')) else {
+            continue;
+        };
+        let (Some(maj), Some(min), Some(i)) = (id.next(), id.next(), id.next()) else {
+            continue;
+        };
+        if i.parse::<u64>().ok() != Some(ino) {
+            continue;
+        }
+        let same_dev = u64::from_str_radix(maj, 16).ok() == Some(major)
+            && u64::from_str_radix(min, 16).ok() == Some(minor);
+        if same_dev {
+            return Some(true);
+        }
+        unsure = true;
+    }
+    (!unsure).then_some(false)
 }
 
 /// fsyncs a directory so that a rename or create inside it is durable.
@@ -215,5 +265,101 @@ mod tests {
         assert!(HeldLock::is_held(&p).unwrap());
         drop(first);
         assert!(!HeldLock::is_held(&p).unwrap());
+    }
+
+    #[test]
+    fn is_held_sees_a_holder_in_this_and_another_process() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("b.lock");
+        assert!(!HeldLock::is_held(&p).unwrap(), "missing file");
+        open_lock(&p).unwrap();
+        assert!(!HeldLock::is_held(&p).unwrap(), "nobody holds it");
+        // A shared holder counts too.
+        let f = open_lock(&p).unwrap();
+        let g = lock_shared(&f, &p).unwrap();
+        assert!(HeldLock::is_held(&p).unwrap());
+        drop(g);
+        assert!(!HeldLock::is_held(&p).unwrap());
+        // Another process: flock(1) holds it (its `sleep` shares the descriptor) until their
+        // process group is killed.
+        let mut child = std::process::Command::new("flock");
+        std::os::unix::process::CommandExt::process_group(&mut child, 0);
+        let mut child = child.arg(&p).args(["sleep", "30"]).spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !HeldLock::is_held(&p).unwrap() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock(1) never held it"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(HeldLock::try_acquire(&p).unwrap().is_none());
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while HeldLock::is_held(&p).unwrap() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lock outlived flock(1)"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!HeldLock::is_held(&p).unwrap());
+    }
+
+    #[test]
+    fn probing_a_lock_never_takes_it_from_under_an_acquirer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("c.lock");
+        open_lock(&p).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prober = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    HeldLock::is_held(&p).unwrap();
+                }
+            })
+        };
+        let mut refused = 0;
+        for _ in 0..20_000 {
+            match HeldLock::try_acquire(&p).unwrap() {
+                Some(held) => drop(held),
+                None => refused += 1,
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        prober.join().unwrap();
+        assert_eq!(refused, 0, "a probe took the lock from under try_acquire");
+    }
+
+    #[test]
+    fn proc_locks_lines() {
+        let dev = nix::sys::stat::makedev(0xfe, 0);
+        let text = "1: FLOCK  ADVISORY  WRITE 4242 fe:00:10010969 0 EOF\n\
+                    2: -> FLOCK  ADVISORY  WRITE 4243 fe:00:77 0 EOF\n\
+                    3: POSIX  ADVISORY  WRITE 4244 fe:00:78 0 EOF\n\
+                    4: FLOCK  ADVISORY  READ 4245 00:2d:79 0 EOF\n";
+        assert_eq!(flock_listed(text, dev, 10010969), Some(true));
+        assert_eq!(
+            flock_listed(text, dev, 77),
+            Some(false),
+            "a waiter holds nothing"
+        );
+        assert_eq!(flock_listed(text, dev, 78), Some(false), "not a flock");
+        assert_eq!(flock_listed(text, dev, 5), Some(false));
+        assert_eq!(
+            flock_listed(text, dev, 79),
+            None,
+            "same inode, other device"
+        );
+        assert_eq!(
+            flock_listed(text, nix::sys::stat::makedev(0, 0x2d), 79),
+            Some(true)
+        );
     }
 }

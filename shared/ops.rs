@@ -101,7 +101,13 @@ pub fn broadcast(team: &TeamDir, text: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// Asks a running teammate to shut down: a pending request aimed at its current incarnation,
-/// and a `shutdown_request` message. Returns the request.
+/// and a `shutdown_request` message. Returns the request. If the message cannot be appended (for
+/// example the inbox is full), the request is expired at once and the append's error returned.
+///
+/// A member with no process yet (`spawning`: brand new, reactivated, or waiting out a restart
+/// backoff) has no current incarnation to aim at: the request is aimed at none, which means
+/// whichever incarnation runs next. Aimed at the last one, it would be rejected as stale by the
+/// very process it was meant for.
 pub fn request_shutdown(
     team: &TeamDir,
     name: &str,
@@ -118,27 +124,56 @@ pub fn request_shutdown(
             why: "it is not running",
         });
     }
-    let req = RequestStore::new(team).create(NewRequest {
+    let target = if m.status == MemberStatus::Spawning && m.pid.is_none() {
+        None
+    } else {
+        Some(m.incarnation)
+    };
+    let store = RequestStore::new(team);
+    let req = store.create(NewRequest {
         kind: RequestKind::Shutdown,
         from: LEAD.to_owned(),
         to: name.to_string(),
         payload: json!({"reason": reason}),
-        target_incarnation: Some(m.incarnation),
+        target_incarnation: target,
         ttl: Some(ttl),
     })?;
     let mut msg = Message::new(MessageType::ShutdownRequest, LEAD, name.as_str(), reason)
         .with_request(&req.request_id);
     msg.reason = Some(reason.to_owned());
-    Inbox::new(team, &name).append(&msg, Durability::Sync)?;
+    if let Err(e) = Inbox::new(team, &name).append(&msg, Durability::Sync) {
+        // Undelivered, the request must not outlive this error: pending, it would expire and
+        // have the supervisor stop a teammate that was never asked, and it would block the
+        // next request. Whatever made the append fail, the caller hears of that.
+        let why = format!("the request could not be delivered: {e}");
+        match store.expire_now(&req.request_id, &why) {
+            Ok(_) => events::log(
+                team,
+                "shutdown_undelivered",
+                json!({"name": name, "request_id": req.request_id, "error": e.to_string()}),
+            ),
+            Err(e2) => tracing::warn!(
+                "could not expire the undelivered shutdown request {}: {e2}",
+                req.request_id
+            ),
+        }
+        return Err(e);
+    }
     events::log(
         team,
         "shutdown_requested",
-        json!({"name": name, "request_id": req.request_id, "target_incarnation": m.incarnation}),
+        json!({"name": name, "request_id": req.request_id, "target_incarnation": target}),
     );
     Ok(req)
 }
 
 /// The lead's decision on a plan: resolves the request and tells the teammate.
+///
+/// The `plan_approval_response` has an id derived from the request, so it can be sent again
+/// without being consumed twice. That is what a repeated decision does: if the lead already
+/// decided this request the same way (a crash or a failed append may have kept the teammate
+/// from hearing it), the recorded answer is sent again, and the call still fails with
+/// `AlreadyResolved`. A different decision sends nothing.
 pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> Result<Request> {
     let store = RequestStore::new(team);
     let req = store.get(id)?;
@@ -149,12 +184,27 @@ pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> R
             who: LEAD.to_owned(),
         });
     }
-    let req = store.resolve(id, LEAD, approve, json!({"feedback": feedback}))?;
-    let mut msg =
-        Message::new(MessageType::PlanApprovalResponse, LEAD, &req.from, feedback).with_request(id);
-    msg.approve = Some(approve);
-    msg.feedback = Some(feedback.to_owned());
-    Inbox::new(team, &AgentName::teammate(&req.from)?).append(&msg, Durability::Sync)?;
+    let req = match store.resolve(id, LEAD, approve, json!({"feedback": feedback})) {
+        Ok(req) => req,
+        Err(e @ Error::AlreadyResolved { .. }) => {
+            let cur = store.get(id)?;
+            let decided_alike = cur.response.as_ref().is_some_and(|r| {
+                r.get("by").and_then(|b| b.as_str()) == Some(LEAD)
+                    && r.get("approve").and_then(|a| a.as_bool()) == Some(approve)
+            });
+            if decided_alike {
+                send_plan_response(team, &cur, approve, cur.response_text().unwrap_or(""))?;
+                events::log(
+                    team,
+                    "plan_response_resent",
+                    json!({"name": cur.from, "request_id": id, "approve": approve}),
+                );
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    send_plan_response(team, &req, approve, feedback)?;
     events::log(
         team,
         if approve {
@@ -165,4 +215,16 @@ pub fn decide_plan(team: &TeamDir, id: &str, approve: bool, feedback: &str) -> R
         json!({"name": req.from, "request_id": id, "feedback": feedback}),
     );
     Ok(req)
+}
+
+/// Tells the submitter of a plan request the lead's decision.
+fn send_plan_response(team: &TeamDir, req: &Request, approve: bool, feedback: &str) -> Result<()> {
+    let id = &req.request_id;
+    let mut msg =
+        Message::new(MessageType::PlanApprovalResponse, LEAD, &req.from, feedback).with_request(id);
+    // Derived from the request: a re-sent decision is consumed once.
+    msg.id = crate::ids::derived(&format!("plan_response:{id}")).to_string();
+    msg.approve = Some(approve);
+    msg.feedback = Some(feedback.to_owned());
+    Inbox::new(team, &AgentName::teammate(&req.from)?).append(&msg, Durability::Sync)
 }

@@ -238,11 +238,16 @@ impl RequestStore {
     }
 
     /// Answers a pending request as `who` (who must be its addressee). `extra` holds the answer's
-    /// `reason` or `feedback`. A request past its expiry is marked `expired` instead, and the
-    /// answer is refused.
+    /// `reason` or `feedback`.
+    ///
+    /// An answer that comes after `expires_at`, while the request is still pending (nobody has
+    /// expired it yet), is judged by what it says. An approval is accepted: both sides want
+    /// what it grants. A rejection is refused with the `expired` error, and the request is left
+    /// `pending`: expiring it is the job of whoever acts on the expiry (the supervisor's
+    /// [`RequestStore::expire_if_due`], which then stops the teammate). Marking it expired here
+    /// would leave a shutdown that nobody enforces.
     pub fn resolve(&self, id: &str, who: &str, approve: bool, extra: Value) -> Result<Request> {
-        let mut expired_now = false;
-        let req = self.locked(id, |cur| {
+        self.locked(id, |cur| {
             let mut req = cur.ok_or_else(|| Error::UnknownRequest(id.to_owned()))?;
             if req.to != who {
                 return Err(Error::NotAddressee {
@@ -258,31 +263,25 @@ impl RequestStore {
                 });
             }
             let now = fsutil::now();
-            req.updated_at = now;
-            if req.is_due(now) {
-                req.status = RequestStatus::Expired;
-                expired_now = true;
-            } else {
-                req.status = if approve {
-                    RequestStatus::Approved
-                } else {
-                    RequestStatus::Rejected
-                };
-                let mut resp = json!({"approve": approve, "by": who, "at": now});
-                if let (Value::Object(r), Value::Object(e)) = (&mut resp, extra) {
-                    r.extend(e);
-                }
-                req.response = Some(resp);
+            if req.is_due(now) && !approve {
+                return Err(Error::AlreadyResolved {
+                    id: id.to_owned(),
+                    status: RequestStatus::Expired.to_string(),
+                });
             }
+            req.updated_at = now;
+            req.status = if approve {
+                RequestStatus::Approved
+            } else {
+                RequestStatus::Rejected
+            };
+            let mut resp = json!({"approve": approve, "by": who, "at": now});
+            if let (Value::Object(r), Value::Object(e)) = (&mut resp, extra) {
+                r.extend(e);
+            }
+            req.response = Some(resp);
             Ok(Some(req))
-        })?;
-        if expired_now {
-            return Err(Error::AlreadyResolved {
-                id: id.to_owned(),
-                status: RequestStatus::Expired.to_string(),
-            });
-        }
-        Ok(req)
+        })
     }
 
     /// Marks a pending request `expired` if its time is up. Returns the updated request if this
@@ -413,17 +412,38 @@ mod tests {
     }
 
     #[test]
-    fn expired_request_refuses_answers() {
+    fn a_late_approval_is_accepted() {
+        let (_t, s) = store();
+        let r = s.create(shutdown(Some(Duration::ZERO))).unwrap();
+        // Nobody expired it yet, and both sides want the stop: the answer stands.
+        let ok = s
+            .resolve(&r.request_id, "alice", true, json!({"reason": "bye"}))
+            .unwrap();
+        assert_eq!(ok.status, RequestStatus::Approved);
+        assert_eq!(
+            s.get(&r.request_id).unwrap().status,
+            RequestStatus::Approved
+        );
+        assert!(s.expire_if_due(&r.request_id).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_late_rejection_is_refused_and_left_for_the_expiry() {
         let (_t, s) = store();
         let r = s.create(shutdown(Some(Duration::ZERO))).unwrap();
         let e = s
-            .resolve(&r.request_id, "alice", true, json!({}))
+            .resolve(&r.request_id, "alice", false, json!({"reason": "busy"}))
             .unwrap_err();
         assert_eq!(
             e.to_string(),
             format!("request {} is already expired", r.request_id)
         );
-        assert_eq!(s.get(&r.request_id).unwrap().status, RequestStatus::Expired);
+        // Still pending: the supervisor's own expiry marks it, and so knows to escalate.
+        let cur = s.get(&r.request_id).unwrap();
+        assert_eq!(cur.status, RequestStatus::Pending);
+        assert_eq!(cur.response, None);
+        let expired = s.expire_if_due(&r.request_id).unwrap().unwrap();
+        assert_eq!(expired.status, RequestStatus::Expired);
     }
 
     #[test]
