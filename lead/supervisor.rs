@@ -251,7 +251,7 @@ struct Supervisor {
 
 pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     let team = TeamDir::create(team_dir)?;
-    let Some(lock) = HeldLock::try_acquire(&team.lead_lock())? else {
+    let Some(lock) = HeldLock::try_acquire_settled(&team.lead_lock())? else {
         return Err(troupe::Error::Locked {
             what: "the supervisor lock (another `lead run` supervises this team dir)",
             path: team.lead_lock(),
@@ -958,7 +958,8 @@ pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
     nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM)
         .with_context(|| format!("failed to signal the supervisor (pid {pid})"))?;
     let deadline = Instant::now() + Duration::from_secs(a.timeout);
-    while HeldLock::is_held(&lock)? {
+    // Gone means both: the lock released and the process ended.
+    while HeldLock::is_held(&lock)? || troupe::liveness::pid_alive(pid as u32) {
         if Instant::now() >= deadline {
             eprintln!(
                 "lead: the supervisor (pid {pid}) is still running after {} s",

@@ -112,7 +112,7 @@ impl Lead {
         let name = AgentName::lead();
         fsutil::create_dir(&s.team.transcripts_dir())?;
         let lock_path = s.team.transcript_lock(&name);
-        let Some(alive) = HeldLock::try_acquire(&lock_path)? else {
+        let Some(alive) = HeldLock::try_acquire_settled(&lock_path)? else {
             return Err(Error::Locked {
                 what: "the lead's transcript (another `lead chat` runs on this team dir)",
                 path: lock_path,
