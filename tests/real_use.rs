@@ -543,3 +543,31 @@ fn chat_p_waits_for_a_teammate_that_waits_for_the_api() {
     // Every outage reply was used before the answer (and then the team stop's call).
     assert!(fake.requests_for("m-amy") >= 13);
 }
+
+/// The LLM lead waits out an outage of its own model API too, instead of ending `chat -p` with
+/// exit 75 (which would also stop the team `chat` started).
+#[test]
+fn chat_p_waits_out_an_outage_of_its_own() {
+    let team = Team::new();
+    let fake = FakeLlm::start([]);
+    for _ in 0..6 {
+        fake.push_for("m-lead", overloaded());
+    }
+    fake.push_for("m-lead", Reply::ok(anthropic_text("all done")));
+    let o = lead_cmd(
+        &team,
+        &fake.url(),
+        &["chat", "-p", "hello", "--model", "m-lead"],
+    )
+    .env("TROUPE_API_WAIT_MAX_SECS", "0.2")
+    .output()
+    .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("all done"), "{out}");
+    assert!(err.contains("tries again"), "{err}");
+    assert_eq!(fake.requests_for("m-lead"), 7);
+}

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::agent::conversation::{self, Rebuilt};
+use crate::agent::outage::{self, OnFailure};
 use crate::config::{MemberStatus, Roster};
 use crate::error::{Error, Result};
 use crate::fsutil::{self, HeldLock};
@@ -154,6 +155,18 @@ impl Lead {
         Ok(())
     }
 
+    /// Sleeps `d` unless SIGTERM/SIGINT comes first; returns whether it slept the whole time.
+    fn sleep(&self, d: Duration) -> bool {
+        let until = std::time::Instant::now() + d;
+        while std::time::Instant::now() < until {
+            if self.term.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20).min(d));
+        }
+        !self.term.load(Ordering::SeqCst)
+    }
+
     /// Runs model calls and tools until the model ends its turn. Before each call the inbox is
     /// drained (journaled first) and its new messages join the next user turn.
     pub fn turn(&mut self, show: &mut dyn FnMut(Shown<'_>)) -> Result<TurnEnd> {
@@ -180,9 +193,28 @@ impl Lead {
                 agent: LEAD.to_owned(),
                 seq: self.conv.calls,
             };
-            let response = match self.provider.complete(&req) {
-                Ok(r) => r,
-                Err(e) => return Ok(TurnEnd::Llm(e)),
+            // An outage is waited out, as a teammate does (see `outage`); a person at the
+            // terminal sees why. Anything else ends the turn with the error.
+            let mut waited = None;
+            let response = loop {
+                match self.provider.complete(&req) {
+                    Ok(r) => break r,
+                    Err(e) if outage::on_failure(&e) == OnFailure::Wait => {
+                        let max = outage::max_wait_from_env();
+                        let d = outage::next_wait(
+                            waited,
+                            outage::first_wait(max),
+                            max,
+                            crate::llm::retry::random_unit(),
+                        );
+                        waited = Some(d);
+                        tracing::warn!("{e}; the lead tries again in {:.1} s", d.as_secs_f64());
+                        if !self.sleep(d) {
+                            return Ok(TurnEnd::Interrupted);
+                        }
+                    }
+                    Err(e) => return Ok(TurnEnd::Llm(e)),
+                }
             };
             self.usage.add(&response.usage);
             let entry = Entry::Assistant {

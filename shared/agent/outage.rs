@@ -48,6 +48,16 @@ pub fn next_wait(prev: Option<Duration>, first: Duration, max: Duration, rand: f
     base.mul_f64(1.0 - 0.25 * rand.clamp(0.0, 1.0))
 }
 
+/// The cap on waits from `TROUPE_API_WAIT_MAX_SECS` (seconds, fractions allowed), else
+/// [`DEFAULT_MAX_WAIT`]. The worker takes the same setting as `--api-wait-max`.
+pub fn max_wait_from_env() -> Duration {
+    std::env::var("TROUPE_API_WAIT_MAX_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| (0.001..=86_400.0).contains(s))
+        .map_or(DEFAULT_MAX_WAIT, Duration::from_secs_f64)
+}
+
 /// The first wait of an outage for a cap of `max`: a second, or the cap if it is shorter.
 pub fn first_wait(max: Duration) -> Duration {
     max.min(Duration::from_secs(1))
