@@ -324,7 +324,8 @@ fn describe(e: &Value, requests: &RequestStore) -> Option<String> {
         "shutdown_escalated" => format!("shutdown {rid} expired: escalating"),
         "team_stop" => "supervisor stops the team".into(),
         "lead_stopped" => "supervisor stopped".into(),
-        "shutdown_approved" | "reconcile" => return None,
+        // Which worker program runs is for the log; a stale one is warned about on stderr.
+        "shutdown_approved" | "reconcile" | "worker_exe" => return None,
         other => other.to_owned(),
     })
 }

@@ -111,7 +111,7 @@ struct Supervisor {
     team: TeamDir,
     roster: Roster,
     requests: RequestStore,
-    worker_exe: PathBuf,
+    worker_exe: crate::worker_exe::WorkerExe,
     workdir: PathBuf,
     args: RunArgs,
     running: HashMap<String, Running>,
@@ -136,9 +136,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
-    let worker_exe = std::env::current_exe()
-        .context("failed to find the lead binary")?
-        .with_file_name("worker");
+    let worker_exe = crate::worker_exe::resolve(&team)?;
     let signals = Arc::new(AtomicUsize::new(0));
     let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
     wake_r.set_nonblocking(true)?;
@@ -460,7 +458,7 @@ impl Supervisor {
         })?;
         fsutil::create_dir(&self.team.logs_dir())?;
         let log = fsutil::open_append(&self.team.log(&agent))?;
-        let mut cmd = Command::new(&self.worker_exe);
+        let mut cmd = self.worker_exe.command();
         cmd.arg("--team-dir")
             .arg(self.team.root())
             .args(["--name", name])
@@ -510,7 +508,7 @@ impl Supervisor {
                 }
             }
             Err(e) => {
-                let why = format!("failed to start {}: {e}", self.worker_exe.display());
+                let why = format!("failed to start {}: {e}", self.worker_exe);
                 self.roster.update_member(name, |m| {
                     m.status = MemberStatus::Failed;
                     m.reason = Some(why.clone());
