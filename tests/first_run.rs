@@ -9,6 +9,7 @@
 mod support;
 
 use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -110,6 +111,40 @@ fn the_demo_runs_from_a_lead_binary_alone() {
     );
 }
 
+#[test]
+fn a_stale_worker_beside_the_lead_is_not_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lead = lone_lead(tmp.path());
+    let marker = tmp.path().join("stale-worker-ran");
+    let stale = lead.with_file_name("worker");
+    std::fs::write(
+        &stale,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = --build-id ]; then echo 0.0.1-00000000deadbeef; exit 0; fi\n\
+             touch '{}'\nexit 1\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tmp.path().join("demo");
+    let out = demo(&lead, &dir);
+    let team = assert_demo_done(&out, &dir);
+    let stderr = text(&out.stderr);
+    let warning: Vec<&str> = stderr.lines().filter(|l| l.contains("not using")).collect();
+    assert_eq!(warning.len(), 1, "{stderr}");
+    for want in [
+        stale.to_str().unwrap(),
+        "another build (0.0.1-00000000deadbeef",
+        "built-in worker",
+        "cargo build --bin worker",
+    ] {
+        assert!(warning[0].contains(want), "{want:?} not in {stderr}");
+    }
+    assert!(!marker.exists(), "the stale worker was run");
+    assert_eq!(worker_exe_events(&team)[0]["source"], "built-in");
+}
+
 /// `TROUPE_WORKER` names a file that does not exist: `lead run` refuses to start, with exit 78
 /// and one line, before it tells systemd it is ready.
 #[test]
@@ -158,6 +193,39 @@ fn an_unusable_troupe_worker_stops_lead_run_before_ready() {
     assert!(got.is_err(), "systemd was told {got:?}");
     let lock = std::fs::read_to_string(team_dir.join("lead.lock")).unwrap_or_default();
     assert!(!lock.contains("ready"), "{lock}");
+}
+
+#[test]
+fn lead_run_detach_shows_why_the_supervisor_did_not_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nonexistent/worker");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lead"));
+    clean(&mut cmd)
+        .arg("--team-dir")
+        .arg(tmp.path().join(".team"))
+        .args(["run", "--detach"])
+        .current_dir(tmp.path())
+        .env("TROUPE_WORKER", &missing);
+    let out = cmd.output().unwrap();
+    let stdout = text(&out.stdout);
+    if let Ok(pid) = stdout.trim().parse::<i32>() {
+        // Started after all (the bug): do not leave it running.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stdout}\n{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    for want in [
+        "the supervisor exited during start-up",
+        missing.to_str().unwrap(),
+        "does not exist",
+        "cargo build --bin worker",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in {stderr}");
+    }
 }
 
 #[test]
