@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 use troupe::agent::lead::{Lead, LeadSettings, Shown};
-use troupe::config::{MemberStatus, Roster};
+use troupe::config::{Member, MemberStatus, Roster};
 use troupe::events;
 use troupe::requests::RequestStore;
 use troupe::{TeamDir, fsutil};
@@ -161,21 +161,41 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
     if code != 0 {
         return Ok(code);
     }
-    let unfinished: Vec<&str> = cfg
-        .members
-        .iter()
-        .filter(|m| m.status != MemberStatus::Shutdown)
-        .map(|m| m.name.as_str())
-        .collect();
-    if cfg.members.is_empty() || !unfinished.is_empty() {
-        eprintln!(
-            "lead: the demo did not end with every teammate shut down (still up: {})",
-            unfinished.join(", ")
-        );
+    if cfg.members.is_empty() {
+        eprintln!("lead: the demo ended without any teammate");
+        return Ok(1);
+    }
+    if let Some(what) = unfinished(&cfg.members) {
+        eprintln!("lead: the demo did not end with every teammate shut down ({what})");
         return Ok(1);
     }
     println!("demo complete in {:.1} s", started.elapsed().as_secs_f64());
     Ok(0)
+}
+
+/// Who did not end `shutdown`, for the demo's last line: failed members with their reason,
+/// then the others as still up; `None` if every member shut down.
+fn unfinished(members: &[Member]) -> Option<String> {
+    let (failed, up): (Vec<&Member>, Vec<&Member>) = members
+        .iter()
+        .filter(|m| m.status != MemberStatus::Shutdown)
+        .partition(|m| m.status == MemberStatus::Failed);
+    let mut parts = Vec::new();
+    if !failed.is_empty() {
+        let named: Vec<String> = failed
+            .iter()
+            .map(|m| match &m.reason {
+                Some(why) => format!("{} ({why})", m.name),
+                None => m.name.clone(),
+            })
+            .collect();
+        parts.push(format!("failed: {}", named.join(", ")));
+    }
+    if !up.is_empty() {
+        let named: Vec<&str> = up.iter().map(|m| m.name.as_str()).collect();
+        parts.push(format!("still up: {}", named.join(", ")));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// One timeline line.
@@ -324,7 +344,44 @@ fn describe(e: &Value, requests: &RequestStore) -> Option<String> {
         "shutdown_escalated" => format!("shutdown {rid} expired: escalating"),
         "team_stop" => "supervisor stops the team".into(),
         "lead_stopped" => "supervisor stopped".into(),
-        "shutdown_approved" | "reconcile" => return None,
+        // Which worker program runs is for the log; a stale one is warned about on stderr.
+        "shutdown_approved" | "reconcile" | "worker_exe" => return None,
         other => other.to_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, status: MemberStatus, reason: Option<&str>) -> Member {
+        let mut m = Member::new(name, "coder");
+        m.status = status;
+        m.reason = reason.map(str::to_owned);
+        m
+    }
+
+    #[test]
+    fn the_last_line_names_failed_members_with_their_reason_apart_from_the_others() {
+        let done = member("coder", MemberStatus::Shutdown, None);
+        assert_eq!(unfinished(std::slice::from_ref(&done)), None);
+        let failed = member(
+            "coder",
+            MemberStatus::Failed,
+            Some("failed to start /x/worker: No such file or directory"),
+        );
+        let up = member("tester", MemberStatus::Stopped, None);
+        assert_eq!(
+            unfinished(&[failed.clone(), up.clone()]).as_deref(),
+            Some(
+                "failed: coder (failed to start /x/worker: No such file or directory); \
+                 still up: tester"
+            )
+        );
+        assert_eq!(
+            unfinished(&[failed, done.clone()]).as_deref(),
+            Some("failed: coder (failed to start /x/worker: No such file or directory)")
+        );
+        assert_eq!(unfinished(&[done, up]).as_deref(), Some("still up: tester"));
+    }
 }

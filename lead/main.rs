@@ -3,6 +3,11 @@
 //! `main` parses the command line, runs one command and maps its error to the exit codes of
 //! DESIGN.md section 8 in one place ([`exit_code`]); errors are printed once, here, with their
 //! chain.
+//!
+//! Started as `worker` (`argv[0]`), it is the worker instead: the lead carries the worker's code
+//! (`worker/main.rs`, included as a module), so that `cargo run --bin lead`, which builds only
+//! `lead`, can still run a team. `lead run` starts this built-in worker when no `worker` of the
+//! same build is at hand (see [`worker_exe`]).
 
 mod bench;
 mod chat;
@@ -10,8 +15,11 @@ mod commands;
 mod demo;
 mod notify;
 mod supervisor;
+#[path = "../worker/main.rs"]
+mod worker;
+mod worker_exe;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -68,6 +76,10 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    let argv0 = std::env::args_os().next().map(PathBuf::from);
+    if argv0.as_deref().and_then(Path::file_name) == Some("worker".as_ref()) {
+        return worker::main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -122,9 +134,22 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
-/// Maps an error to the CLI exit code: the library's own code when the chain holds a
-/// [`troupe::Error`], else 1.
+/// An error that decides its own exit code: a configuration error the lead finds itself (78,
+/// an unusable `TROUPE_WORKER`), or a background supervisor's failure to start, passed on with
+/// the code it exited with.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ExitError {
+    pub code: u8,
+    pub message: String,
+}
+
+/// Maps an error to the CLI exit code: an [`ExitError`]'s own code, else the library's code
+/// when the chain holds a [`troupe::Error`], else 1.
 fn exit_code(e: &anyhow::Error) -> u8 {
+    if let Some(x) = e.chain().find_map(|c| c.downcast_ref::<ExitError>()) {
+        return x.code;
+    }
     e.chain()
         .find_map(|c| c.downcast_ref::<troupe::Error>())
         .map_or(1, troupe::Error::exit_code)

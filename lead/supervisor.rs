@@ -236,7 +236,7 @@ struct Supervisor {
     /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
     refused: HashSet<String>,
     requests: RequestStore,
-    worker_exe: PathBuf,
+    worker_exe: crate::worker_exe::WorkerExe,
     workdir: PathBuf,
     args: RunArgs,
     running: HashMap<String, Running>,
@@ -264,9 +264,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
-    let worker_exe = std::env::current_exe()
-        .context("failed to find the lead binary")?
-        .with_file_name("worker");
+    let worker_exe = crate::worker_exe::resolve(&team)?;
     let signals = Arc::new(AtomicUsize::new(0));
     let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
     wake_r.set_nonblocking(true)?;
@@ -708,7 +706,7 @@ impl Supervisor {
                 Stdio::null()
             }
         };
-        let mut cmd = Command::new(&self.worker_exe);
+        let mut cmd = self.worker_exe.command();
         cmd.arg("--team-dir")
             .arg(self.team.root())
             .args(["--name", name])
@@ -757,7 +755,7 @@ impl Supervisor {
                 );
             }
             Err(e) => {
-                let why = format!("failed to start {}: {e}", self.worker_exe.display());
+                let why = format!("failed to start {}: {e}", self.worker_exe);
                 let reason = why.clone();
                 self.writer.member(name, None, move |m| {
                     m.status = MemberStatus::Failed;
@@ -1000,7 +998,10 @@ pub fn start_background(
     envs: &[(String, String)],
     attach: Attach,
 ) -> anyhow::Result<Child> {
-    let log = fsutil::open_append(&team.log(&AgentName::lead()))?;
+    let log_path = team.log(&AgentName::lead());
+    let log = fsutil::open_append(&log_path)?;
+    // Where this supervisor's own lines will start: its reason, should it fail to start.
+    let log_start = log.metadata().map_or(0, |m| m.len());
     let exe = std::env::current_exe().context("failed to find the lead binary")?;
     let mut cmd = Command::new(exe);
     cmd.arg("--team-dir")
@@ -1032,15 +1033,36 @@ pub fn start_background(
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(st) = child.try_wait()? {
-            anyhow::bail!(
-                "the supervisor exited during start-up ({st}); see {}",
-                team.log(&AgentName::lead()).display()
-            );
+            // Its own one-line reason (the last `lead: ...` line it wrote), with its exit code.
+            let said = appended(&log_path, log_start);
+            let message = match said.lines().rev().find_map(|l| l.strip_prefix("lead: ")) {
+                Some(why) => format!(
+                    "the supervisor exited during start-up ({st}): {why} (log: {})",
+                    log_path.display()
+                ),
+                None => format!(
+                    "the supervisor exited during start-up ({st}); see {}",
+                    log_path.display()
+                ),
+            };
+            let code = st.code().and_then(|c| u8::try_from(c).ok());
+            return Err(crate::ExitError {
+                code: code.filter(|c| *c != 0).unwrap_or(1),
+                message,
+            }
+            .into());
         }
         let ready = std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
             t.split_whitespace().next() == Some(&child.id().to_string()) && t.contains("ready")
         });
         if ready {
+            // Its warnings (say, a stale `worker` it will not run) reach the person who
+            // started it, not only the log.
+            for line in appended(&log_path, log_start).lines() {
+                if line.starts_with("lead: ") {
+                    eprintln!("{line}");
+                }
+            }
             return Ok(child);
         }
         if Instant::now() >= deadline {
@@ -1050,6 +1072,16 @@ pub fn start_background(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// What the log at `path` holds past its first `from` bytes, lossily decoded (empty if it
+/// cannot be read: the caller only wants a reason to show).
+fn appended(path: &std::path::Path, from: u64) -> String {
+    let bytes = fsutil::read_from(path, from)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[cfg(test)]

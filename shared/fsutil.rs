@@ -264,6 +264,22 @@ pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
+/// Reads what a file holds past its first `offset` bytes (what an appender wrote since then);
+/// `Ok(None)` if it does not exist.
+pub fn read_from(path: &Path, offset: u64) -> Result<Option<Vec<u8>>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("open", path)(e)),
+    };
+    f.seek(SeekFrom::Start(offset))
+        .map_err(Error::io("seek", path))?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(Error::io("read", path))?;
+    Ok(Some(bytes))
+}
+
 /// fdatasyncs a file, retrying on EINTR.
 pub fn sync_data(file: &File, path: &Path) -> Result<()> {
     retry_eintr(|| file.sync_data()).map_err(Error::io("fsync", path))
@@ -273,6 +289,16 @@ pub fn sync_data(file: &File, path: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn read_from_returns_what_was_appended_after_an_offset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("log");
+        assert_eq!(read_from(&path, 0).unwrap(), None);
+        fs::write(&path, b"old line\nnew line\n").unwrap();
+        assert_eq!(read_from(&path, 9).unwrap().unwrap(), b"new line\n");
+        assert_eq!(read_from(&path, 100).unwrap().unwrap(), b"");
+    }
 
     #[test]
     fn atomic_write_replaces_and_is_private() {

@@ -24,4 +24,10 @@ pub mod transcript;
 pub mod wait;
 
 pub use error::{Error, Result};
+
+/// The build of this code: the package version and 16 hex digits of a hash over every file the
+/// binaries are built from (`<version>-<hash>`, computed by `build.rs`). Two builds of the same
+/// sources share it; a `worker` built before a `git pull` does not. `worker --build-id` prints
+/// it, and `lead run` starts only workers that answer with its own (see `lead/worker_exe.rs`).
+pub const BUILD_ID: &str = env!("TROUPE_BUILD_ID");
 pub use teamdir::{AgentName, TeamDir};

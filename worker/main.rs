@@ -3,6 +3,11 @@
 //! It runs the teammate loop of [`troupe::agent::teammate`] until an approved shutdown (exit 0),
 //! a signal (SIGTERM/SIGINT: finish the current step, persist, exit 143), or a fatal provider
 //! error (75 transient, 78 configuration). Exit codes are decided here, in one place.
+//!
+//! The `lead` binary includes this file as a module and runs [`main`] when it is started as
+//! `worker` (its built-in worker), so a lead built alone can still run its team. A worker
+//! started with `TROUPE_BUILD_ID` set to another build than its own (the binary was replaced
+//! under a running lead) refuses to run: exit 78.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +23,13 @@ use troupe::{AgentName, TeamDir};
 
 /// Run one teammate of a troupe team.
 #[derive(Debug, Parser)]
-#[command(name = "worker", version, about)]
+#[command(
+    name = "worker",
+    version,
+    about,
+    after_help = "`worker --build-id` prints the build id (the package version and a hash of the \
+                  sources) and exits; `lead run` starts only workers of its own build."
+)]
 struct Args {
     /// Team directory.
     #[arg(long, env = "TROUPE_TEAM_DIR", default_value = ".team")]
@@ -62,7 +73,25 @@ const EX_USAGE: u8 = 64;
 const EX_CONFIG: u8 = 78;
 const EXIT_TERM: u8 = 143;
 
-fn main() -> ExitCode {
+/// The worker's entry point; also the lead's built-in worker (`lead` started as `worker`).
+pub(crate) fn main() -> ExitCode {
+    // Before clap, which would insist on --name: `lead run` asks this of any worker it finds.
+    if std::env::args_os().skip(1).any(|a| a == "--build-id") {
+        println!("{}", troupe::BUILD_ID);
+        return ExitCode::SUCCESS;
+    }
+    if let Some(lead_build) = std::env::var_os("TROUPE_BUILD_ID").filter(|b| !b.is_empty())
+        && lead_build != troupe::BUILD_ID
+    {
+        // The binary was replaced under a running lead: this code may not speak its formats.
+        eprintln!(
+            "worker: this worker is build {} but the lead that started it is build {}; \
+             restart lead run after rebuilding",
+            troupe::BUILD_ID,
+            lead_build.to_string_lossy()
+        );
+        return ExitCode::from(EX_CONFIG);
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
