@@ -17,7 +17,7 @@ use troupe::{AgentName, TeamDir};
 
 #[derive(Debug, clap::Args)]
 pub struct SpawnArgs {
-    /// Teammate name: ^[a-z][a-z0-9_-]{0,31}$, not "lead".
+    /// Teammate name: `^[a-z][a-z0-9_-]{0,31}$`, not "lead".
     name: String,
     #[arg(long)]
     role: String,

@@ -1,5 +1,5 @@
 //! What a member is doing, as `lead status` shows it: derived from the member's record (its
-//! status and the [`Activity`] its process and the supervisor write), whether its recorded
+//! status and the [`Activity`](crate::config::Activity) its process and the supervisor write), whether its recorded
 //! process is alive, and the clock. The six statuses stay as DESIGN.md has them (scripts parse
 //! them); this adds the detail: working on which call since when, waiting for the API until
 //! when and why, restarting in how many seconds, or dead.
