@@ -1,0 +1,429 @@
+//! `lead run`: the supervisor. It holds `lead.lock` for its life, starts one `worker` per member
+//! that should run, reaps them, restarts unexpected exits with backoff and an intensity limit,
+//! escalates expired shutdown requests, and stops the team gracefully on SIGTERM/SIGINT.
+//!
+//! Workers are forked from the main thread, which lives as long as the process, so their
+//! `PR_SET_PDEATHSIG` fires only when the lead itself dies. Children are reaped with
+//! `Child::try_wait` only (never `waitpid(-1)`), on every wake-up: SIGCHLD, a change in the team
+//! dir (inotify), a signal, or the next timer.
+//!
+//! This file holds the loop and the supervisor's view of the roster (it carries on with the last
+//! good copy while config.json does not parse); each job has a file of its own: [`spawn`]
+//! (starting workers), [`exit`] (reaping them and applying the restart [`policy`]),
+//! [`escalate`] (expired shutdown requests), [`team_stop`] (the graceful stop and `lead stop`)
+//! and [`background`] (a supervisor started for `--detach`, `chat`, `demo` and `bench`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::AsFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::json;
+use troupe::config::{
+    Activity, ActivityState, ExitInfo, MemberStatus, Roster, RosterWriter, TeamConfig,
+};
+use troupe::events;
+use troupe::fsutil::{self, HeldLock};
+use troupe::inbox::{Durability, Inbox};
+use troupe::message::{Message, MessageType};
+use troupe::ops;
+use troupe::requests::{RequestKind, RequestStatus, RequestStore};
+use troupe::teamdir::LEAD;
+use troupe::{AgentName, TeamDir};
+
+mod background;
+mod escalate;
+mod exit;
+mod policy;
+mod spawn;
+mod team_stop;
+
+pub use background::{Attach, detach, start_background};
+use escalate::terminate;
+use policy::*;
+pub use team_stop::{StopArgs, stop};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Run in the background (logs in logs/lead.log); returns once the supervisor is ready.
+    #[arg(long)]
+    pub detach: bool,
+    /// Seconds to wait for teammates to approve the team-stop shutdown before SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    stop_timeout: u64,
+    /// Seconds between SIGTERM and SIGKILL for a worker that does not exit.
+    #[arg(long, default_value_t = 5)]
+    kill_grace: u64,
+    /// Working directory of the teammates (default: the current directory).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// Restarts allowed within --restart-window seconds before a member is marked failed.
+    #[arg(long, default_value_t = 5)]
+    max_restarts: usize,
+    /// Seconds over which --max-restarts restarts mark a member failed.
+    #[arg(long, default_value_t = 60)]
+    restart_window: u64,
+    /// Seconds before the first restart after an unexpected exit; each further restart waits
+    /// twice as long as the one before, up to --restart-delay-max, and a member that stayed up
+    /// a minute starts again from this delay.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_secs)]
+    restart_delay: f64,
+    /// The longest wait before a restart, in seconds.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_secs)]
+    restart_delay_max: f64,
+}
+
+impl RunArgs {
+    /// The arguments that parse back into these, without `--detach`: what `lead run --detach`
+    /// gives the supervisor it starts. (Destructured whole, so a new flag must be added here.)
+    pub fn to_args(&self) -> anyhow::Result<Vec<String>> {
+        let RunArgs {
+            detach: _,
+            stop_timeout,
+            kill_grace,
+            workdir,
+            max_restarts,
+            restart_window,
+            restart_delay,
+            restart_delay_max,
+        } = self;
+        let mut args: Vec<String> = [
+            ("--stop-timeout", stop_timeout.to_string()),
+            ("--kill-grace", kill_grace.to_string()),
+            ("--max-restarts", max_restarts.to_string()),
+            ("--restart-window", restart_window.to_string()),
+            ("--restart-delay", restart_delay.to_string()),
+            ("--restart-delay-max", restart_delay_max.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_owned(), v])
+        .collect();
+        if let Some(w) = workdir {
+            let w = w.to_str().context("--workdir is not valid UTF-8")?;
+            args.extend(["--workdir".to_owned(), w.to_owned()]);
+        }
+        Ok(args)
+    }
+}
+
+/// The longest delay accepted, in seconds (about 31 years): far beyond any use, and small
+/// enough that adding it to an `Instant` cannot overflow.
+const MAX_DELAY_SECS: f64 = 1e9;
+
+/// A number of seconds (fractions allowed) from 0 to [`MAX_DELAY_SECS`].
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|e| format!("not a number of seconds: {e}"))?;
+    if !(0.0..=MAX_DELAY_SECS).contains(&secs) {
+        return Err(format!("must be from 0 to {MAX_DELAY_SECS} seconds"));
+    }
+    Ok(secs)
+}
+
+struct Running {
+    child: Child,
+    incarnation: u64,
+    started: Instant,
+    /// When it was started, on the wall clock (request files carry wall-clock times).
+    started_at: f64,
+    /// Set when the lead itself asked it to stop (expiry escalation or team stop).
+    stopping: bool,
+    /// The expired shutdown request it is being stopped for, if that is why.
+    escalated: Option<String>,
+    kill_at: Option<Instant>,
+}
+
+struct Supervisor {
+    team: TeamDir,
+    roster: Roster,
+    /// The supervisor's roster writes; they wait out an unreadable config.json.
+    writer: RosterWriter,
+    /// The roster as last read successfully: while config.json does not parse (a person's
+    /// edit in progress), the supervisor carries on with this copy.
+    view: TeamConfig,
+    /// Why config.json cannot be read now, if it cannot.
+    config_error: Option<String>,
+    /// Whether the start-up reconciliation ran (it waits for a readable config.json).
+    reconciled: bool,
+    /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
+    refused: HashSet<String>,
+    requests: RequestStore,
+    worker_exe: crate::worker_exe::WorkerExe,
+    workdir: PathBuf,
+    args: RunArgs,
+    running: HashMap<String, Running>,
+    recent_restarts: HashMap<String, VecDeque<Instant>>,
+    /// The delay before each member's latest restart (doubled on the next crash).
+    last_delay: HashMap<String, Duration>,
+    /// When each member waiting out a restart delay is due to start.
+    restart_at: HashMap<String, Instant>,
+    /// The shutdown request the team stop sent each member, by name.
+    stop_requests: HashMap<String, String>,
+}
+
+pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
+    let team = TeamDir::create(team_dir)?;
+    let Some(lock) = HeldLock::try_acquire_settled(&team.lead_lock())? else {
+        return Err(troupe::Error::Locked {
+            what: "the supervisor lock (another `lead run` supervises this team dir)",
+            path: team.lead_lock(),
+        }
+        .into());
+    };
+    std::fs::write(team.lead_lock(), format!("{}\n", std::process::id()))
+        .context("failed to record the supervisor pid")?;
+    let workdir = match &args.workdir {
+        Some(w) => w.clone(),
+        None => std::env::current_dir().context("failed to read the current directory")?,
+    };
+    let worker_exe = crate::worker_exe::resolve(&team)?;
+    let signals = Arc::new(AtomicUsize::new(0));
+    let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
+    wake_r.set_nonblocking(true)?;
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let s = signals.clone();
+        // SAFETY: the handler only does an atomic add (async-signal-safe).
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                if s.fetch_add(1, Ordering::SeqCst) >= 1 && sig == signal_hook::consts::SIGINT {
+                    // A second Ctrl-C: stop at once.
+                    signal_hook::low_level::exit(130);
+                }
+            })?;
+        }
+        signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)?;
+    }
+    signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, wake_w.try_clone()?)?;
+    let mut sup = Supervisor {
+        roster: Roster::new(&team),
+        writer: RosterWriter::new(Roster::new(&team)),
+        view: TeamConfig::default(),
+        config_error: None,
+        reconciled: false,
+        refused: HashSet::new(),
+        requests: RequestStore::new(&team),
+        team,
+        worker_exe,
+        workdir,
+        args,
+        running: HashMap::new(),
+        recent_restarts: HashMap::new(),
+        last_delay: HashMap::new(),
+        restart_at: HashMap::new(),
+        stop_requests: HashMap::new(),
+    };
+    events::log(
+        &sup.team,
+        "lead_started",
+        json!({"pid": std::process::id()}),
+    );
+    let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+    if let Some(n) = &notify {
+        let flags =
+            AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
+        let _ = n.add_watch(sup.team.root(), flags);
+        let _ = n.add_watch(&sup.team.requests_dir(), flags);
+    }
+    let mut notifier = crate::notify::Notifier::from_env();
+    sup.tick()?;
+    // Ready: the lock is held and every member that should run has been started.
+    std::fs::write(
+        sup.team.lead_lock(),
+        format!("{} ready\n", std::process::id()),
+    )
+    .context("failed to record the supervisor pid")?;
+    notifier.ready(&sup.summary());
+    loop {
+        if signals.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        sup.tick()?;
+        notifier.status(&sup.summary());
+        let ping = notifier.watchdog().unwrap_or(Duration::from_secs(1));
+        let timeout = sup
+            .next_deadline()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1))
+            .min(ping);
+        let mut fds = vec![PollFd::new(wake_r.as_fd(), PollFlags::POLLIN)];
+        if let Some(n) = &notify {
+            fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
+        }
+        let ms = timeout.as_millis().clamp(1, 1000) as i32;
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        );
+        drop(fds);
+        drain_pipe(&wake_r);
+        if let Some(n) = &notify {
+            while let Ok(evs) = n.read_events() {
+                if evs.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+    notifier.stopping();
+    sup.stop_team()?;
+    events::log(
+        &sup.team,
+        "lead_stopped",
+        json!({"pid": std::process::id()}),
+    );
+    drop(lock);
+    Ok(0)
+}
+
+fn drain_pipe(r: &std::os::unix::net::UnixStream) {
+    use std::io::Read;
+    let mut buf = [0u8; 64];
+    let mut r = r;
+    while let Ok(n) = r.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+fn describe(status: &ExitStatus) -> ExitInfo {
+    ExitInfo {
+        code: status.code(),
+        signal: status.signal().map(|s| {
+            Signal::try_from(s).map_or(format!("signal {s}"), |sig| sig.as_str().to_owned())
+        }),
+    }
+}
+
+impl Supervisor {
+    /// Reads config.json into [`Supervisor::view`]. While it does not parse, the view stays
+    /// the last good copy, and each distinct error is logged once (an event and a line).
+    fn refresh(&mut self) {
+        match self.roster.load() {
+            Ok(cfg) => {
+                if let Some(was) = self.config_error.take() {
+                    tracing::info!("config.json parses again (it did not: {was})");
+                    events::log(&self.team, "config_readable", json!({}));
+                }
+                self.view = cfg;
+                if self.writer.is_pending() && self.writer.flush() {
+                    self.refresh();
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if self.config_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(
+                        "{text}; carrying on with the last good roster until it parses again"
+                    );
+                    events::log(&self.team, "config_unreadable", json!({"error": text}));
+                    self.config_error = Some(text);
+                }
+            }
+        }
+    }
+
+    /// Once config.json is readable: a team stopped by `lead stop` resumes (members recorded
+    /// as running whose process is gone are started again by [`Supervisor::start_wanted`]).
+    fn reconcile_at_start(&mut self) {
+        for m in self.view.members.clone() {
+            if m.status == MemberStatus::Stopped {
+                self.writer.member(&m.name, None, |mm| {
+                    if mm.status == MemberStatus::Stopped {
+                        mm.status = MemberStatus::Spawning;
+                    }
+                });
+            }
+            if m.status.wants_process() || m.status == MemberStatus::Stopped {
+                // An orphan of a dead lead still holding the teammate got SIGTERM through
+                // PDEATHSIG and finishes its step; the new worker waits for its lock.
+                events::log(
+                    &self.team,
+                    "reconcile",
+                    json!({"name": m.name, "status": m.status, "pid": m.pid}),
+                );
+            }
+        }
+        self.reconciled = true;
+        self.refresh();
+    }
+
+    /// One line for `STATUS=`: how many members are in each state.
+    fn summary(&self) -> String {
+        let cfg = &self.view;
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for m in &cfg.members {
+            let k = m.status.to_string();
+            match counts.iter_mut().find(|(s, _)| *s == k) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((k, 1)),
+            }
+        }
+        let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        format!(
+            "{}{} members: {}",
+            if self.config_error.is_some() {
+                "config.json unreadable; "
+            } else {
+                ""
+            },
+            cfg.members.len(),
+            if parts.is_empty() {
+                "none".into()
+            } else {
+                parts.join(", ")
+            }
+        )
+    }
+
+    fn tick(&mut self) -> anyhow::Result<()> {
+        self.reap()?;
+        self.refresh();
+        if !self.reconciled && self.config_error.is_none() {
+            self.reconcile_at_start();
+        }
+        self.start_wanted();
+        self.escalate_expired();
+        self.kill_stragglers();
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Duration> {
+        let now = Instant::now();
+        // A restart that is due but could not start (config.json unreadable) waits for the
+        // next regular wake-up instead of spinning.
+        self.restart_at
+            .values()
+            .copied()
+            .filter(|at| *at > now)
+            .chain(self.running.values().filter_map(|r| r.kill_at))
+            .map(|t| t.saturating_duration_since(now))
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_must_be_finite_and_not_negative() {
+        assert_eq!(parse_secs("0.05"), Ok(0.05));
+        assert_eq!(parse_secs("0"), Ok(0.0));
+        assert_eq!(parse_secs("60"), Ok(60.0));
+        assert_eq!(parse_secs("1e9"), Ok(1e9));
+        for bad in ["-1", "-0.001", "NaN", "inf", "1e10", "soon", ""] {
+            assert!(parse_secs(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

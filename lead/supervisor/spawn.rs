@@ -1,0 +1,135 @@
+//! Starting workers: every member that should run and has none gets one, unless it waits out a
+//! restart delay or config.json cannot record its new incarnation.
+
+use super::*;
+
+impl Supervisor {
+    /// Starts a worker for every member that should run and has none, unless it waits out a
+    /// restart delay. Nothing starts while config.json cannot be read or written: a start must
+    /// record the new incarnation first.
+    pub(super) fn start_wanted(&mut self) {
+        if self.config_error.is_some() || !self.writer.flush() {
+            return;
+        }
+        let now = Instant::now();
+        let wanted: Vec<String> = self
+            .view
+            .members
+            .iter()
+            .filter(|m| m.status.wants_process())
+            .map(|m| m.name.clone())
+            .collect();
+        // A member no longer wanted (edited by hand, removed) has no restart to wait for.
+        self.restart_at.retain(|n, _| wanted.contains(n));
+        for name in wanted {
+            if self.running.contains_key(&name)
+                || self.restart_at.get(&name).is_some_and(|at| *at > now)
+            {
+                continue;
+            }
+            if let Err(e) = AgentName::teammate(&name) {
+                if self.refused.insert(name.clone()) {
+                    tracing::warn!("not starting member {name:?} of config.json: {e}");
+                    events::log(
+                        &self.team,
+                        "member_refused",
+                        json!({"name": name, "reason": e.to_string()}),
+                    );
+                }
+                continue;
+            }
+            self.start(&name);
+        }
+    }
+
+    pub(super) fn start(&mut self, name: &str) {
+        let agent = match AgentName::teammate(name) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return;
+            }
+        };
+        let incarnation = match self.roster.update_member(name, |m| {
+            m.incarnation += 1;
+            m.activity = Some(Activity::now(ActivityState::Starting));
+            m.incarnation
+        }) {
+            Ok(i) => i,
+            Err(e) => {
+                // Logged as a config error by the next refresh, or here for anything else.
+                tracing::warn!("could not start {name}: {e}");
+                return;
+            }
+        };
+        self.restart_at.remove(name);
+        let log = match fsutil::create_dir(&self.team.logs_dir())
+            .and_then(|()| fsutil::open_append(&self.team.log(&agent)))
+        {
+            Ok(f) => Stdio::from(f),
+            Err(e) => {
+                tracing::warn!("{e}; {name}'s stderr is discarded");
+                Stdio::null()
+            }
+        };
+        let mut cmd = self.worker_exe.command();
+        cmd.arg("--team-dir")
+            .arg(self.team.root())
+            .args(["--name", name])
+            .arg("--workdir")
+            .arg(&self.workdir)
+            .current_dir(&self.workdir)
+            .env("TROUPE_PARENT_PID", std::process::id().to_string())
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        match cmd.spawn() {
+            Ok(child) => {
+                let pid = child.id();
+                self.writer.member(name, None, move |m| {
+                    if m.incarnation == incarnation {
+                        m.pid = Some(pid);
+                    }
+                });
+                events::log(
+                    &self.team,
+                    "spawn",
+                    json!({"name": name, "pid": pid, "incarnation": incarnation}),
+                );
+                self.running.insert(
+                    name.to_owned(),
+                    Running {
+                        child,
+                        incarnation,
+                        started: Instant::now(),
+                        started_at: fsutil::now(),
+                        stopping: false,
+                        escalated: None,
+                        kill_at: None,
+                    },
+                );
+            }
+            Err(e) => {
+                let why = format!("failed to start {}: {e}", self.worker_exe);
+                let reason = why.clone();
+                self.writer.member(name, None, move |m| {
+                    m.status = MemberStatus::Failed;
+                    m.activity = None;
+                    m.reason = Some(reason.clone());
+                });
+                events::log(&self.team, "failed", json!({"name": name, "reason": why}));
+            }
+        }
+    }
+}
