@@ -103,6 +103,8 @@ pub fn describe(d: &Doing, now: f64) -> String {
             ago(d.last_seen).unwrap_or_else(|| "?".into())
         ),
         "idle" => ago(d.since).map_or("idle".into(), |a| format!("idle {a}")),
+        // Down: STATUS and the reason say it all.
+        "shutdown" | "failed" | "stopped" => "-".into(),
         other => other.to_owned(),
     }
 }
@@ -186,6 +188,7 @@ mod tests {
         assert_eq!(describe(&d, now), "call 2, 12s");
         let d = doing(&member(MemberStatus::Failed, None, None), false, None);
         assert_eq!(d.state, "failed");
+        assert_eq!(describe(&d, now), "-");
         // A record written before activities existed still reads.
         let d = doing(&member(MemberStatus::Idle, Some(7), None), true, None);
         assert_eq!(d.state, "idle");

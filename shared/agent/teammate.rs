@@ -78,6 +78,8 @@ pub struct Teammate {
     status: Option<MemberStatus>,
     /// The wait before the previous retry, while the model API is down.
     outage_wait: Option<Duration>,
+    /// When the model API went down, while it is down.
+    outage_since: Option<f64>,
     term: Arc<AtomicBool>,
 }
 
@@ -106,6 +108,7 @@ impl Teammate {
             shutdown_approved: false,
             status: None,
             outage_wait: None,
+            outage_since: None,
             s,
             provider,
             journal,
@@ -319,6 +322,7 @@ impl Teammate {
             let response = match self.call_model() {
                 Ok(r) => {
                     self.outage_wait = None;
+                    self.outage_since = None;
                     r
                 }
                 Err(e) => match self.ride_out(e, call, wake)? {
@@ -407,12 +411,15 @@ impl Teammate {
                     crate::llm::retry::random_unit(),
                 );
                 self.outage_wait = Some(d);
+                let now = fsutil::now();
+                let since = *self.outage_since.get_or_insert(now);
                 tracing::warn!("{e}; trying again in {:.1} s", d.as_secs_f64());
                 self.set_activity(Activity {
+                    state: ActivityState::WaitingApi,
+                    since,
                     call: Some(call),
-                    until: Some(fsutil::now() + d.as_secs_f64()),
+                    until: Some(now + d.as_secs_f64()),
                     error,
-                    ..Activity::now(ActivityState::WaitingApi)
                 });
                 if wait::sleep_unless(d, wake) || self.terminated() {
                     return Ok(Some(Outcome::Terminated));
