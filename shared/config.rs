@@ -195,6 +195,10 @@ pub struct Member {
     /// Whether a plan of this member has been approved (opens the plan gate).
     #[serde(default, skip_serializing_if = "is_false")]
     pub plan_approved: bool,
+    /// When its latest task was assigned (`lead spawn`): only a plan submitted after it opens
+    /// the plan gate, so an approval from an earlier task or life does not carry over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_at: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<f64>,
     /// What the process is doing now (see [`ActivityState`]).
@@ -226,6 +230,7 @@ impl Member {
             calls: 0,
             reason: None,
             plan_approved: false,
+            task_at: None,
             updated_at: None,
             activity: None,
             last_seen: None,

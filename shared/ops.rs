@@ -53,6 +53,7 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
             }
             m.require_plan_approval = spec.require_plan_approval;
             m.plan_approved = false;
+            m.task_at = Some(crate::fsutil::now());
             Ok(m.clone())
         }
         None => {
@@ -60,6 +61,7 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
             m.prompt = Some(spec.prompt.clone());
             m.model = spec.model.clone();
             m.require_plan_approval = spec.require_plan_approval;
+            m.task_at = Some(crate::fsutil::now());
             cfg.members.push(m.clone());
             Ok(m)
         }

@@ -71,7 +71,11 @@ pub struct Teammate {
     role: String,
     prompt: String,
     model: String,
+    /// Whether mutating tools wait for an approved plan (`require_plan_approval`), as of the
+    /// latest task assignment.
     plan_gate: bool,
+    /// When the latest task was assigned: only a plan submitted after it opens the gate.
+    task_at: Option<f64>,
     gate_open: bool,
     shutdown_approved: bool,
     /// The status this process last wrote, so an unchanged status costs no roster write.
@@ -104,6 +108,7 @@ impl Teammate {
             role: member.role.clone(),
             prompt: member.prompt.clone().unwrap_or_default(),
             plan_gate: member.require_plan_approval,
+            task_at: member.task_at,
             gate_open: false,
             shutdown_approved: false,
             status: None,
@@ -143,12 +148,18 @@ impl Teammate {
         self.write(move |m| m.activity = Some(activity.clone()));
     }
 
+    /// Whether a plan of this member submitted for its current task was approved.
     fn plan_approved(&self) -> Result<bool> {
+        let since = self.task_at.unwrap_or(f64::NEG_INFINITY);
         Ok(self
             .requests
             .list(Some(RequestStatus::Approved))?
             .iter()
-            .any(|r| r.kind == RequestKind::PlanApproval && r.from == self.s.name.as_str()))
+            .any(|r| {
+                r.kind == RequestKind::PlanApproval
+                    && r.from == self.s.name.as_str()
+                    && r.created_at >= since
+            }))
     }
 
     fn terminated(&self) -> bool {
@@ -270,6 +281,21 @@ impl Teammate {
                         Err(e) => tracing::warn!("stale shutdown {rid}: {e}"),
                     }
                     return Ok(true);
+                }
+            }
+            // A new task (`lead spawn` of a live teammate) may change the gate: the roster has
+            // its settings (written before the message was sent). An unreadable roster (a
+            // person's edit in progress) leaves the gate as it was.
+            MessageType::TaskAssignment => {
+                let cfg = Roster::new(&self.s.team).load();
+                if let Some(me) = cfg
+                    .as_ref()
+                    .ok()
+                    .and_then(|c| c.member(self.s.name.as_str()))
+                {
+                    self.plan_gate = me.require_plan_approval;
+                    self.task_at = me.task_at;
+                    self.gate_open = self.plan_approved()?;
                 }
             }
             MessageType::PlanApprovalResponse if m.approve == Some(true) => {
