@@ -34,6 +34,27 @@ pub fn create_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io("create directory", dir))
 }
 
+/// Takes group and other permissions off a directory of ours that has them (an existing team
+/// dir keeps whatever mode it was made with, and its listing shows who is on the team and what
+/// they are asked). A directory of another owner is left alone, with a warning.
+pub fn make_private(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = fs::metadata(dir).map_err(Error::io("stat", dir))?;
+    if meta.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        tracing::warn!(
+            "{} is open to others (mode {:o}) and not ours to change",
+            dir.display(),
+            meta.mode() & 0o777
+        );
+        return Ok(());
+    }
+    let mode = meta.mode() & 0o700;
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(Error::io("chmod", dir))
+}
+
 /// Opens `path` for appending (`O_APPEND`), creating it 0600.
 pub fn open_append(path: &Path) -> Result<File> {
     OpenOptions::new()

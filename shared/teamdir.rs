@@ -147,6 +147,7 @@ impl TeamDir {
             dir.logs_dir(),
         ] {
             fsutil::create_dir(&sub)?;
+            fsutil::make_private(&sub)?;
         }
         Ok(dir)
     }
@@ -254,6 +255,22 @@ impl TeamDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_existing_team_dir_is_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("team");
+        std::fs::create_dir_all(root.join("inbox")).unwrap();
+        for d in [root.clone(), root.join("inbox")] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let team = TeamDir::create(&root).unwrap();
+        for d in [team.root().to_path_buf(), team.inbox_dir()] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
+    }
 
     fn why(name: &str) -> String {
         AgentName::teammate(name).unwrap_err().to_string()
