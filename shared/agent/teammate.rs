@@ -80,6 +80,8 @@ pub struct Teammate {
     shutdown_approved: bool,
     /// The status this process last wrote, so an unchanged status costs no roster write.
     status: Option<MemberStatus>,
+    /// The activity this process last wrote, for the same reason.
+    shown: Option<Activity>,
     /// The wait before the previous retry, while the model API is down.
     outage_wait: Option<Duration>,
     /// When the model API went down, while it is down.
@@ -112,6 +114,7 @@ impl Teammate {
             gate_open: false,
             shutdown_approved: false,
             status: None,
+            shown: None,
             outage_wait: None,
             outage_since: None,
             s,
@@ -143,8 +146,19 @@ impl Teammate {
             .member(self.s.name.as_str(), Some(self.incarnation), f)
     }
 
-    /// Records what this process is doing now.
+    /// Records what this process is doing now, unless the record already says so (same state
+    /// and call: the time it began stays).
     fn set_activity(&mut self, activity: Activity) {
+        let same = self.shown.as_ref().is_some_and(|a| {
+            a.state == activity.state
+                && a.call == activity.call
+                && a.until == activity.until
+                && a.error == activity.error
+        });
+        if same {
+            return;
+        }
+        self.shown = Some(activity.clone());
         self.write(move |m| m.activity = Some(activity.clone()));
     }
 
@@ -171,11 +185,18 @@ impl Teammate {
             return Ok(());
         }
         let pid = std::process::id();
+        // Working says which model call comes next, so the first call of an activation
+        // costs no write of its own.
+        let next_call = self.conv.calls + 1;
         let activity = match status {
-            MemberStatus::Working => Some(Activity::now(ActivityState::Working)),
+            MemberStatus::Working => Some(Activity {
+                call: Some(next_call),
+                ..Activity::now(ActivityState::Working)
+            }),
             MemberStatus::Idle => Some(Activity::now(ActivityState::Idle)),
             _ => None,
         };
+        self.shown = activity.clone();
         self.write(move |m| {
             m.status = status;
             m.pid = Some(pid);
