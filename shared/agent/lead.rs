@@ -369,7 +369,9 @@ impl Lead {
         let team = &self.s.team;
         let file_tool = matches!(name, "bash" | "read_file" | "write_file" | "edit_file");
         if file_tool {
-            let wd = match tools::fs::Workdir::new(&self.s.workdir) {
+            let wd = match tools::fs::Workdir::new(&self.s.workdir)
+                .map(|w| w.forbid(self.s.team.root()))
+            {
                 Ok(wd) => wd,
                 Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
             };

@@ -2,7 +2,7 @@
 //!
 //! A path is resolved against the working directory, normalised, and the longest existing
 //! ancestor is canonicalized (so a symlink inside that points outside is caught); anything not
-//! under the working directory is refused.
+//! under the working directory is refused, and so is anything inside the team directory.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -14,6 +14,8 @@ use super::{ToolOutput, cap_output, check_input, input_opt_u64, input_str};
 #[derive(Debug, Clone)]
 pub struct Workdir {
     root: PathBuf,
+    /// Trees inside (or outside) it that no path may reach.
+    forbidden: Vec<PathBuf>,
 }
 
 impl Workdir {
@@ -21,7 +23,17 @@ impl Workdir {
     pub fn new(path: &Path) -> std::io::Result<Workdir> {
         Ok(Workdir {
             root: path.canonicalize()?,
+            forbidden: Vec::new(),
         })
+    }
+
+    /// Also refuses every path inside `dir` (the team dir, symlinks resolved), wherever it lies:
+    /// with the default layout it sits inside the working dir, and a tool that could write its
+    /// files could forge approvals, rewrite prompts or truncate inboxes.
+    pub fn forbid(mut self, dir: &Path) -> Workdir {
+        self.forbidden
+            .push(dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()));
+        self
     }
 
     /// The canonical root.
@@ -71,11 +83,15 @@ impl Workdir {
         for n in rest.into_iter().rev() {
             real.push(n);
         }
-        if real.starts_with(&self.root) {
-            Ok(real)
-        } else {
-            Err(escape())
+        if !real.starts_with(&self.root) {
+            return Err(escape());
         }
+        if self.forbidden.iter().any(|f| real.starts_with(f)) {
+            return Err(format!(
+                "path is inside the team directory, which tools may not touch: {user}"
+            ));
+        }
+        Ok(real)
     }
 }
 
@@ -187,6 +203,32 @@ mod tests {
         assert!(wd.resolve("link/passwd").is_err());
         let out = read_file(&wd, &json!({"path": "../../etc/passwd"}));
         assert!(out.is_error);
+    }
+
+    #[test]
+    fn the_team_dir_is_out_of_reach_inside_the_working_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = crate::TeamDir::create(tmp.path().join(".team")).unwrap();
+        std::fs::write(team.config(), "{}").unwrap();
+        let wd = Workdir::new(tmp.path()).unwrap().forbid(team.root());
+        for path in [
+            ".team/inbox/lead.jsonl",
+            ".team/config.json",
+            "./.team/requests/x.json",
+            "sub/../.team/transcripts/bob.jsonl",
+            ".team",
+        ] {
+            let w = write_file(&wd, &json!({"path": path, "content": ""}));
+            assert!(w.is_error, "{path}: {}", w.content);
+            assert!(w.content.contains("team directory"), "{}", w.content);
+            assert!(read_file(&wd, &json!({"path": path})).is_error, "{path}");
+        }
+        // Through a symlink too.
+        std::os::unix::fs::symlink(team.root(), tmp.path().join("t")).unwrap();
+        assert!(read_file(&wd, &json!({"path": "t/config.json"})).is_error);
+        assert_eq!(std::fs::read_to_string(team.config()).unwrap(), "{}");
+        // The rest of the working dir is as before.
+        assert!(!write_file(&wd, &json!({"path": ".teamwork/x", "content": "y"})).is_error);
     }
 
     #[test]
