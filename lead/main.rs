@@ -76,6 +76,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    troupe::llm::protect_keys();
     let argv0 = std::env::args_os().next().map(PathBuf::from);
     if argv0.as_deref().and_then(Path::file_name) == Some("worker".as_ref()) {
         return worker::main();

@@ -75,6 +75,7 @@ const EXIT_TERM: u8 = 143;
 
 /// The worker's entry point; also the lead's built-in worker (`lead` started as `worker`).
 pub(crate) fn main() -> ExitCode {
+    troupe::llm::protect_keys();
     // Before clap, which would insist on --name: `lead run` asks this of any worker it finds.
     if std::env::args_os().skip(1).any(|a| a == "--build-id") {
         println!("{}", troupe::BUILD_ID);

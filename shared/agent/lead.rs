@@ -369,9 +369,7 @@ impl Lead {
         let team = &self.s.team;
         let file_tool = matches!(name, "bash" | "read_file" | "write_file" | "edit_file");
         if file_tool {
-            let wd = match tools::fs::Workdir::new(&self.s.workdir)
-                .map(|w| w.forbid(self.s.team.root()))
-            {
+            let wd = match tools::fs::Workdir::for_agent(&self.s.workdir, &self.s.team) {
                 Ok(wd) => wd,
                 Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
             };

@@ -571,11 +571,10 @@ impl Teammate {
                 "{name} is not available until a plan of yours is approved: submit one with plan_approval"
             ));
         }
-        let wd =
-            match tools::fs::Workdir::new(&self.s.workdir).map(|w| w.forbid(self.s.team.root())) {
-                Ok(wd) => wd,
-                Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
-            };
+        let wd = match tools::fs::Workdir::for_agent(&self.s.workdir, &self.s.team) {
+            Ok(wd) => wd,
+            Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
+        };
         match name {
             "bash" => tools::bash::bash(&wd, input, self.s.bash_timeout),
             "read_file" => tools::fs::read_file(&wd, input),

@@ -199,12 +199,12 @@ pub fn from_env() -> Result<Box<dyn Provider>, LlmError> {
 /// environment.
 pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Provider>, LlmError> {
     let get = |name: &str| vars(name).filter(|v| !v.trim().is_empty());
+    let anthropic_key = secret(vars, "ANTHROPIC_API_KEY")?;
+    let openai_key = secret(vars, "OPENAI_API_KEY")?;
     let choice = match get("TROUPE_PROVIDER") {
         Some(name) => name.trim().to_ascii_lowercase(),
-        None if get("ANTHROPIC_API_KEY").is_some() => "anthropic".to_string(),
-        None if get("OPENAI_API_KEY").is_some() || get("OPENAI_BASE_URL").is_some() => {
-            "openai".to_string()
-        }
+        None if anthropic_key.is_some() => "anthropic".to_string(),
+        None if openai_key.is_some() || get("OPENAI_BASE_URL").is_some() => "openai".to_string(),
         None => {
             return Err(LlmError::Config(format!(
                 "no llm provider configured; {HOW_TO_CONFIGURE}"
@@ -213,7 +213,7 @@ pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Pr
     };
     let provider: Box<dyn Provider> = match choice.as_str() {
         "anthropic" => {
-            let api_key = get("ANTHROPIC_API_KEY").ok_or_else(|| {
+            let api_key = anthropic_key.ok_or_else(|| {
                 LlmError::Config(format!(
                     "TROUPE_PROVIDER=anthropic needs ANTHROPIC_API_KEY; {HOW_TO_CONFIGURE}"
                 ))
@@ -229,7 +229,7 @@ pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Pr
             Box::new(Anthropic::new(config)?)
         }
         "openai" => {
-            let api_key = get("OPENAI_API_KEY").map(|k| k.trim().to_string());
+            let api_key = openai_key.map(|k| k.trim().to_string());
             let base_url = get("OPENAI_BASE_URL").map(|u| u.trim().to_string());
             if api_key.is_none() && base_url.is_none() {
                 return Err(LlmError::Config(format!(
@@ -293,8 +293,71 @@ pub fn from_env_with(vars: &dyn Fn(&str) -> Option<String>) -> Result<Box<dyn Pr
     }
 }
 
+/// An API key: the variable `name` itself, else the file named by `name_FILE`, else systemd's
+/// credential `$CREDENTIALS_DIRECTORY/name` in lower case (`LoadCredential=anthropic_api_key:...`
+/// in the unit), so a key need not sit in any environment. A key file inside the current
+/// directory (a teammate's working dir, where its tools could read it) is refused.
+fn secret(vars: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<String>, LlmError> {
+    let get = |n: &str| vars(n).filter(|v| !v.trim().is_empty());
+    if let Some(v) = get(name) {
+        return Ok(Some(v));
+    }
+    let Some(path) = key_file_with(vars, name) else {
+        return Ok(None);
+    };
+    if let (Ok(real), Ok(cwd)) = (
+        path.canonicalize(),
+        std::env::current_dir().and_then(|d| d.canonicalize()),
+    ) && real.starts_with(&cwd)
+    {
+        return Err(LlmError::Config(format!(
+            "the key file {} of {name} lies inside the working directory {}, where the agents' \
+             tools could read it; move it outside",
+            path.display(),
+            cwd.display()
+        )));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        LlmError::Config(format!(
+            "cannot read the key file {} of {name}: {e}",
+            path.display()
+        ))
+    })?;
+    let key = text.trim().to_owned();
+    Ok((!key.is_empty()).then_some(key))
+}
+
+/// The key file that [`secret`] would read for `name`, if any.
+fn key_file_with(vars: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<PathBuf> {
+    let get = |n: &str| vars(n).filter(|v| !v.trim().is_empty());
+    if let Some(f) = get(&format!("{name}_FILE")) {
+        return Some(PathBuf::from(f.trim()));
+    }
+    let cred = PathBuf::from(get("CREDENTIALS_DIRECTORY")?.trim()).join(name.to_ascii_lowercase());
+    cred.exists().then_some(cred)
+}
+
+/// Makes this process non-dumpable: its `/proc/PID/environ` (which may hold an API key), `mem`
+/// and `fd` become readable by root only, not by other processes of the same uid, such as the
+/// commands its agents run (finding 4 of the review). It also forgoes core dumps. A process of
+/// root is not stopped by it; the `bash` sandbox is what keeps a root-run command away.
+pub fn protect_keys() {
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!("could not make the process non-dumpable: {e}");
+    }
+}
+
+/// The key files named in the environment (see [`from_env`]): the file tools refuse them.
+pub fn key_files() -> Vec<PathBuf> {
+    let vars = |n: &str| std::env::var(n).ok();
+    ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
+        .iter()
+        .filter_map(|n| key_file_with(&vars, n))
+        .collect()
+}
+
 /// The tail of every "no provider" error: which variables to set.
-const HOW_TO_CONFIGURE: &str = "set ANTHROPIC_API_KEY (and optionally ANTHROPIC_BASE_URL) for Anthropic, \
+const HOW_TO_CONFIGURE: &str = "set ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY_FILE; and optionally ANTHROPIC_BASE_URL) for Anthropic, \
 or OPENAI_API_KEY and/or OPENAI_BASE_URL for OpenAI or a local OpenAI-compatible server, \
 optionally MODEL_ID for the model; TROUPE_PROVIDER=anthropic|openai picks one explicitly, \
 and TROUPE_PROVIDER=replay with TROUPE_CASSETTE=FILE plays a recording without network";
@@ -349,6 +412,44 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn keys_come_from_files_and_credentials_too() {
+        let tmp = tempfile::tempdir().unwrap();
+        let key = tmp.path().join("anthropic.key");
+        std::fs::write(&key, "sk-from-file\n").unwrap();
+        let p = from_env_with(&vars(&[("ANTHROPIC_API_KEY_FILE", key.to_str().unwrap())])).unwrap();
+        assert_eq!(p.name(), "anthropic");
+        std::fs::write(tmp.path().join("openai_api_key"), "sk-cred").unwrap();
+        let p = from_env_with(&vars(&[(
+            "CREDENTIALS_DIRECTORY",
+            tmp.path().to_str().unwrap(),
+        )]))
+        .unwrap();
+        assert_eq!(p.name(), "openai");
+        let e = from_env_with(&vars(&[("ANTHROPIC_API_KEY_FILE", "/nonexistent/key")]))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("cannot read the key file"), "{e}");
+        // A key file where the agents' tools could read it is refused.
+        let inside = std::env::current_dir()
+            .unwrap()
+            .join("target/troupe-test-key-inside");
+        std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+        std::fs::write(&inside, "sk-inside").unwrap();
+        let e = from_env_with(&vars(&[(
+            "ANTHROPIC_API_KEY_FILE",
+            inside.to_str().unwrap(),
+        )]))
+        .err()
+        .unwrap();
+        let _ = std::fs::remove_file(&inside);
+        assert!(
+            e.to_string().contains("inside the working directory"),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), 78);
     }
 
     fn text(t: &str) -> Block {

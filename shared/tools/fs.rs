@@ -36,6 +36,13 @@ impl Workdir {
         self
     }
 
+    /// The working dir of an agent of `team`: the team dir and the API key files named in the
+    /// environment are out of the file tools' reach.
+    pub fn for_agent(path: &Path, team: &crate::TeamDir) -> std::io::Result<Workdir> {
+        let wd = Workdir::new(path)?.forbid(team.root());
+        Ok(crate::llm::key_files().iter().fold(wd, |w, k| w.forbid(k)))
+    }
+
     /// The canonical root.
     pub fn root(&self) -> &Path {
         &self.root
