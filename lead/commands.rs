@@ -178,7 +178,10 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                 })
             })
             .collect();
-        println!("{}", json!({"team_name": cfg.team_name, "members": rows}));
+        println!(
+            "{}",
+            json!({"team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows})
+        );
         return Ok(0);
     }
     println!(
@@ -214,6 +217,15 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// `path` made absolute (canonical when it exists), for output scripts can use from anywhere.
+fn abs(path: &std::path::Path) -> String {
+    path.canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// What member `m` is doing: its record, whether its process lives, and when its journal was
 /// last written.
 fn doing(team: &TeamDir, m: &troupe::config::Member) -> liveness::Doing {
@@ -243,7 +255,7 @@ fn config_unreadable(team: &TeamDir, e: &troupe::Error, as_json: bool) -> anyhow
     if as_json {
         println!(
             "{}",
-            json!({"team_name": null, "members": [], "config_error": {
+            json!({"team_name": null, "team_dir": abs(team.root()), "members": [], "config_error": {
                 "path": path, "error": e.to_string(), "since": since,
             }})
         );

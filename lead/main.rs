@@ -28,9 +28,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "lead", version, about)]
 struct Cli {
-    /// Team directory (default ./.team; env TROUPE_TEAM_DIR).
-    #[arg(long, global = true, env = "TROUPE_TEAM_DIR", default_value = ".team")]
-    team_dir: PathBuf,
+    /// Team directory (env TROUPE_TEAM_DIR; default: the nearest `.team` holding a team in
+    /// this directory or a parent, else ./.team).
+    #[arg(long, global = true, env = "TROUPE_TEAM_DIR")]
+    team_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -109,15 +110,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// The default team dir: the nearest `.team` that holds a team (a `config.json` or a
+/// `lead.lock`) in the current directory or one of its parents, as git finds `.git`, with the
+/// directory it was found in (the working dir a `lead run` or `lead chat` there defaults to);
+/// else `./.team`.
+fn find_team_dir() -> (PathBuf, Option<PathBuf>) {
+    let here = std::env::current_dir().ok();
+    let found = here.as_deref().and_then(|cwd| {
+        cwd.ancestors().find(|d| {
+            let t = d.join(".team");
+            t.join("config.json").exists() || t.join("lead.lock").exists()
+        })
+    });
+    match found {
+        Some(d) if Some(d) != here.as_deref() => (d.join(".team"), Some(d.to_path_buf())),
+        _ => (PathBuf::from(".team"), None),
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<u8> {
-    let team = || troupe::TeamDir::open(&cli.team_dir);
-    match cli.command {
+    let (team_dir, found_in) = match cli.team_dir {
+        Some(d) => (d, None),
+        None => find_team_dir(),
+    };
+    let team_dir = team_dir.as_path();
+    let team = || troupe::TeamDir::open(team_dir);
+    let mut command = cli.command;
+    // A team found in a parent works in that parent unless told otherwise.
+    if let Some(top) = found_in {
+        match &mut command {
+            Cmd::Run(a) => a.default_workdir(top),
+            Cmd::Chat(a) => {
+                a.workdir.get_or_insert(top);
+            }
+            _ => {}
+        }
+    }
+    match command {
         // Rebuilt from what was parsed, not cut out of argv, where `run` may be a value too
         // (`--team-dir run`).
-        Cmd::Run(a) if a.detach => supervisor::detach(&cli.team_dir, &a.to_args()?),
-        Cmd::Run(a) => supervisor::run(&cli.team_dir, a),
+        Cmd::Run(a) if a.detach => supervisor::detach(team_dir, &a.to_args()?),
+        Cmd::Run(a) => supervisor::run(team_dir, a),
         Cmd::Stop(a) => supervisor::stop(&team()?, a),
-        Cmd::Spawn(a) => commands::spawn(&cli.team_dir, a),
+        Cmd::Spawn(a) => commands::spawn(team_dir, a),
         Cmd::Send(a) => commands::send(&team()?, a),
         Cmd::Broadcast(a) => commands::broadcast(&team()?, a),
         Cmd::Inbox(a) => commands::inbox(&team()?, a),
@@ -127,7 +162,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Approve(a) => commands::decide(&team()?, a, true),
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
-        Cmd::Chat(a) => chat::run(&cli.team_dir, a),
+        Cmd::Chat(a) => chat::run(team_dir, a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args),
         Cmd::BenchWriter(args) => bench::writer(args),

@@ -83,6 +83,11 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// Sets the teammates' working dir to `dir` unless `--workdir` gave one.
+    pub fn default_workdir(&mut self, dir: PathBuf) {
+        self.workdir.get_or_insert(dir);
+    }
+
     /// The arguments that parse back into these, without `--detach`: what `lead run --detach`
     /// gives the supervisor it starts. (Destructured whole, so a new flag must be added here.)
     pub fn to_args(&self) -> anyhow::Result<Vec<String>> {
