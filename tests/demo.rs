@@ -1,6 +1,8 @@
 //! `lead demo` on the shipped cassette, as a new user runs it: no API key, no network. Every
 //! step of the scenario must be in `events.jsonl` and in the printed timeline.
 
+mod support;
+
 use std::process::Command;
 
 use serde_json::Value;
@@ -14,18 +16,7 @@ fn demo_runs_the_whole_scenario_offline() {
     let dir = tmp.path().join("demo");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lead"));
     cmd.args(["demo", "--dir"]).arg(&dir);
-    for var in [
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_BASE_URL",
-        "OPENAI_API_KEY",
-        "OPENAI_BASE_URL",
-        "MODEL_ID",
-        "TROUPE_PROVIDER",
-        "TROUPE_CASSETTE",
-        "TROUPE_RECORD",
-        "TROUPE_TEAM_DIR",
-        "TROUPE_REPLAY_PROGRESS",
-    ] {
+    for var in support::team::CLEARED_ENV {
         cmd.env_remove(var);
     }
     let out = cmd.output().unwrap();

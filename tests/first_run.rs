@@ -24,25 +24,8 @@ use troupe::config::{MemberStatus, Roster};
 
 const T: Duration = Duration::from_secs(30);
 
-/// Variables of the caller's environment that would change what these tests run.
-const CLEARED: [&str; 13] = [
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "MODEL_ID",
-    "TROUPE_PROVIDER",
-    "TROUPE_CASSETTE",
-    "TROUPE_RECORD",
-    "TROUPE_TEAM_DIR",
-    "TROUPE_REPLAY_PROGRESS",
-    "TROUPE_WORKER",
-    "TROUPE_BUILD_ID",
-    "NOTIFY_SOCKET",
-];
-
 fn clean(cmd: &mut Command) -> &mut Command {
-    for var in CLEARED {
+    for var in support::team::CLEARED_ENV {
         cmd.env_remove(var);
     }
     cmd.stdin(Stdio::null())

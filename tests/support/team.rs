@@ -11,6 +11,23 @@ use troupe::message::{Message, MessageType};
 use troupe::transcript::{self, Entry};
 use troupe::{AgentName, TeamDir};
 
+/// Variables of the caller's environment that would change what these tests run.
+pub const CLEARED_ENV: [&str; 13] = [
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "MODEL_ID",
+    "TROUPE_PROVIDER",
+    "TROUPE_CASSETTE",
+    "TROUPE_RECORD",
+    "TROUPE_TEAM_DIR",
+    "TROUPE_REPLAY_PROGRESS",
+    "TROUPE_WORKER",
+    "TROUPE_BUILD_ID",
+    "NOTIFY_SOCKET",
+];
+
 /// Polls `f` until it returns `Some`, or panics after `timeout` with `what`.
 pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
