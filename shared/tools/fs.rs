@@ -3,12 +3,18 @@
 //! A path is resolved against the working directory, normalised, and the longest existing
 //! ancestor is canonicalized (so a symlink inside that points outside is caught); anything not
 //! under the working directory is refused, and so is anything inside the team directory.
+//!
+//! They touch regular files only: a FIFO, a socket or a device is refused with an error that
+//! says what it is (opening a FIFO blocks until a writer comes, forever in a worker).
+//! `read_file` reads at most [`READ_BOUND`] bytes and says so when the file was longer.
 
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{ToolOutput, cap_output, check_input, input_opt_u64, input_str};
+use super::{OUTPUT_CAP, ToolOutput, cap_output, check_input, input_opt_u64, input_str};
 
 /// The directory the file tools are confined to.
 #[derive(Debug, Clone)]
@@ -125,29 +131,106 @@ pub fn read_file(wd: &Workdir, input: &Value) -> ToolOutput {
         let user = input_str(input, "path")?;
         let limit = input_opt_u64(input, "limit")?;
         let path = wd.resolve(user)?;
-        if path.is_dir() {
-            return Err(format!("{user} is a directory"));
-        }
-        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {user}: {e}"))?;
+        let (bytes, size) = read_bounded(&path, user)?;
+        let cut = (bytes.len() as u64) < size;
         let text =
-            String::from_utf8(bytes).map_err(|_| format!("{user} is not a UTF-8 text file"))?;
-        Ok(match limit {
+            utf8_prefix(bytes, cut).ok_or_else(|| format!("{user} is not a UTF-8 text file"))?;
+        let mut out = match limit {
             Some(n) => {
                 let lines: Vec<&str> = text.lines().collect();
                 let n = (n as usize).min(lines.len());
                 let mut out = lines[..n].join("\n");
                 if n < lines.len() {
-                    out.push_str(&format!("\n[{} more lines not shown]", lines.len() - n));
+                    let more = lines.len() - n;
+                    out.push_str(&if cut {
+                        format!("\n[at least {more} more lines not shown]")
+                    } else {
+                        format!("\n[{more} more lines not shown]")
+                    });
                 }
                 out
             }
             None => text,
-        })
+        };
+        out = cap_output(out);
+        if cut {
+            out.push_str(&format!(
+                "\n[{user} is {size} bytes; only its first {} bytes were read]",
+                READ_BOUND
+            ));
+        }
+        Ok(out)
     };
     match run() {
-        Ok(s) => ToolOutput::ok(cap_output(s)),
+        Ok(s) => ToolOutput::ok(s),
         Err(e) => ToolOutput::error(e),
     }
+}
+
+/// Bytes of a file `read_file` reads at most: 4x the output cap (a character is up to 4
+/// bytes), so a multi-GB log costs no more memory than a small one.
+pub const READ_BOUND: usize = 4 * OUTPUT_CAP;
+
+/// Reads at most [`READ_BOUND`] bytes of the regular file at `path`; returns them and the
+/// file's size. Anything else (a FIFO, a socket, a device) is refused: reading one could
+/// block the worker forever or never end. The open is non-blocking, so a FIFO swapped in
+/// after the check cannot block it either.
+fn read_bounded(path: &Path, user: &str) -> Result<(Vec<u8>, u64), String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot read {user}: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read {user}: {e}"))?;
+    check_regular(&meta, user)?;
+    let mut bytes = Vec::new();
+    file.take(READ_BOUND as u64)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {user}: {e}"))?;
+    Ok((bytes, meta.len()))
+}
+
+/// Refuses anything but a regular file: reading or writing a FIFO blocks until the other
+/// end opens it (forever, in a worker), a device or a socket may never end.
+fn check_regular(meta: &std::fs::Metadata, user: &str) -> Result<(), String> {
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        return Ok(());
+    } else if kind.is_dir() {
+        return Err(format!("{user} is a directory"));
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else {
+        "of an unknown kind"
+    };
+    Err(format!("{user} is not a regular file ({what})"))
+}
+
+/// [`check_regular`] for a path that may not exist yet (nothing to refuse then).
+fn check_regular_if_exists(path: &Path, user: &str) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(meta) => check_regular(&meta, user),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The bytes as text, or `None` if they are not UTF-8. When the read was `cut`, a character
+/// split by the cut is dropped rather than taken for binary.
+fn utf8_prefix(mut bytes: Vec<u8>, cut: bool) -> Option<String> {
+    match std::str::from_utf8(&bytes) {
+        Ok(_) => {}
+        Err(e) if cut && e.error_len().is_none() => bytes.truncate(e.valid_up_to()),
+        Err(_) => return None,
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// `write_file{path, content}`.
@@ -157,6 +240,7 @@ pub fn write_file(wd: &Workdir, input: &Value) -> ToolOutput {
         let user = input_str(input, "path")?;
         let content = input_str(input, "content")?;
         let path = wd.resolve_writable(user)?;
+        check_regular_if_exists(&path, user)?;
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create directories for {user}: {e}"))?;
@@ -181,6 +265,7 @@ pub fn edit_file(wd: &Workdir, input: &Value) -> ToolOutput {
             return Err("old_text is empty".to_owned());
         }
         let path = wd.resolve_writable(user)?;
+        check_regular_if_exists(&path, user)?;
         let text =
             std::fs::read_to_string(&path).map_err(|e| format!("cannot read {user}: {e}"))?;
         match text.matches(old).count() {
@@ -310,6 +395,60 @@ mod tests {
             read_file(&wd, &json!("{bad json"))
                 .content
                 .starts_with("invalid tool arguments")
+        );
+    }
+
+    #[test]
+    fn a_fifo_is_refused_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wd = Workdir::new(tmp.path()).unwrap();
+        nix::unistd::mkfifo(&tmp.path().join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send([
+                read_file(&wd, &json!({"path": "pipe"})),
+                write_file(&wd, &json!({"path": "pipe", "content": "x"})),
+                edit_file(
+                    &wd,
+                    &json!({"path": "pipe", "old_text": "a", "new_text": "b"}),
+                ),
+            ]);
+            drop(tmp);
+        });
+        let outs = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("a file tool on a FIFO must not block");
+        for out in outs {
+            assert!(out.is_error, "{}", out.content);
+            assert_eq!(out.content, "pipe is not a regular file (a FIFO)");
+        }
+    }
+
+    #[test]
+    fn a_huge_file_is_read_only_up_to_a_bound() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wd = Workdir::new(tmp.path()).unwrap();
+        let f = std::fs::File::create(tmp.path().join("big.log")).unwrap();
+        f.set_len(200 * 1024 * 1024).unwrap();
+        let mut text = "x\n".repeat(10);
+        text.push_str(&"y".repeat(300_000));
+        std::fs::write(tmp.path().join("head.txt"), &text).unwrap();
+        let t0 = std::time::Instant::now();
+        let out = read_file(&wd, &json!({"path": "big.log", "limit": 3}));
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        assert!(!out.is_error, "{}", out.content);
+        assert!(
+            out.content
+                .ends_with("[big.log is 209715200 bytes; only its first 200000 bytes were read]"),
+            "{}",
+            out.content
+        );
+        let out = read_file(&wd, &json!({"path": "head.txt"}));
+        assert!(out.content.starts_with("x\nx\n"));
+        assert!(
+            out.content.contains("[output truncated") && out.content.contains("300020 bytes"),
+            "{}",
+            &out.content[out.content.len() - 300..]
         );
     }
 }
