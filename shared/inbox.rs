@@ -353,8 +353,16 @@ mod tests {
         let team = TeamDir::create(tmp.path().join(".team")).unwrap();
         let name = AgentName::teammate("alice").unwrap();
         let inbox = Inbox::new(&team, &name);
-        let (journal, _) = Journal::open(&team, &name).unwrap();
+        let (journal, _) = Journal::open(&team, &name, &own(&team, &name)).unwrap();
         (tmp, team, inbox, journal)
+    }
+
+    /// The owner lock of `name`'s journal, taken for this test. Journals opened with it stay
+    /// open after it is dropped; tests that reopen take it again.
+    fn own(team: &TeamDir, name: &AgentName) -> crate::fsutil::HeldLock {
+        Journal::try_own(team, name)
+            .unwrap()
+            .expect("no other owner")
     }
 
     fn msg(text: &str) -> Message {
@@ -432,7 +440,7 @@ mod tests {
         j.append(&[Entry::Inbox { message: a.clone() }]).unwrap();
         let b = msg("b");
         inbox.append(&b, Durability::ProcessCrash).unwrap();
-        let (mut j2, _) = Journal::open(&team, inbox.name()).unwrap();
+        let (mut j2, _) = Journal::open(&team, inbox.name(), &own(&team, inbox.name())).unwrap();
         assert_eq!(inbox.drain(&mut j2).unwrap(), vec![b]);
     }
 

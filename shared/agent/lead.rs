@@ -119,7 +119,7 @@ impl Lead {
                 path: lock_path,
             });
         };
-        let (journal, conv) = conversation::resume(&s.team, &name, 0)?;
+        let (journal, conv) = conversation::resume(&s.team, &name, 0, &alive)?;
         Ok(Lead {
             inbox: Inbox::new(&s.team, &name),
             roster: Roster::new(&s.team),

@@ -84,18 +84,20 @@ pub struct Teammate {
 }
 
 impl Teammate {
-    /// Opens the journal, rebuilds the conversation and records the new session.
+    /// Opens the journal, rebuilds the conversation and records the new session. `owner` is
+    /// the teammate's liveness lock (`transcripts/NAME.lock`), held for the process's lifetime.
     pub fn open(
         s: Settings,
         provider: Box<dyn Provider>,
         term: Arc<AtomicBool>,
+        owner: &fsutil::HeldLock,
     ) -> Result<Teammate> {
         let roster = Roster::new(&s.team);
         let member = roster
             .load_patiently(&|| term.load(Ordering::SeqCst))?
             .require(s.name.as_str())?
             .clone();
-        let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation)?;
+        let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation, owner)?;
         let requests = RequestStore::new(&s.team);
         let mut t = Teammate {
             inbox: Inbox::new(&s.team, &s.name),
