@@ -71,6 +71,10 @@ pub struct Journal {
     seen: IdSet,
     /// Bytes of the file already scanned into `seen`.
     scanned: u64,
+    /// A write failed and could not be undone: the file may end in a torn or unsynced batch
+    /// that this journal's bookkeeping does not describe. Every later call fails until the
+    /// journal is reopened (the process exits; the open-time repair cleans up).
+    poisoned: bool,
 }
 
 impl Journal {
@@ -112,6 +116,7 @@ impl Journal {
             file,
             seen: IdSet::default(),
             scanned: 0,
+            poisoned: false,
         };
         let entries = journal.scan(true)?;
         Ok((journal, entries))
@@ -136,6 +141,7 @@ impl Journal {
     /// the same journal) and returns the complete entries found. With `repair`, an unterminated
     /// last line is cut off the file.
     fn scan(&mut self, repair: bool) -> Result<Vec<Entry>> {
+        self.check_poisoned()?;
         let mut f = &self.file;
         let len = f.metadata().map_err(Error::io("stat", &self.path))?.len();
         if len <= self.scanned {
@@ -186,6 +192,7 @@ impl Journal {
 
     /// Appends entries with one write and fdatasyncs them. After `Ok`, they survive any crash.
     pub fn append(&mut self, entries: &[Entry]) -> Result<()> {
+        self.check_poisoned()?;
         if entries.is_empty() {
             return Ok(());
         }
@@ -206,15 +213,54 @@ impl Journal {
 
     /// Appends whole lines with one write and fdatasyncs them, keeping `scanned` at the end of
     /// what this journal has read.
+    ///
+    /// All or nothing: when the write or the sync fails (a full disk stops a write partway; a
+    /// failed sync leaves whole lines that may not be on disk), the file is cut back to its
+    /// length before the write. Otherwise a later scan would count the batch's complete lines
+    /// as consumed (the drain would then skip and truncate messages the agent never got) and
+    /// the next append would be glued to a torn line and lost. If the cut fails too, the
+    /// journal is poisoned.
     fn write_synced(&mut self, buf: &[u8]) -> Result<()> {
         // Another consumer of this journal may have appended since our last scan; scan it first
         // so that `scanned` keeps pointing at the end of what we have read.
         self.refresh()?;
-        (&self.file)
+        let before = self
+            .file
+            .metadata()
+            .map_err(Error::io("stat", &self.path))?
+            .len();
+        let written = (&self.file)
             .write_all(buf)
-            .map_err(Error::io("append to", &self.path))?;
-        fsutil::sync_data(&self.file, &self.path)?;
+            .map_err(Error::io("append to", &self.path))
+            .and_then(|()| fsutil::sync_data(&self.file, &self.path));
+        if let Err(e) = written {
+            match self.file.set_len(before) {
+                Ok(()) => tracing::warn!(
+                    path = %self.path.display(),
+                    "journal write failed and was undone: {e}"
+                ),
+                Err(cut) => {
+                    self.poisoned = true;
+                    tracing::error!(
+                        path = %self.path.display(),
+                        "journal write failed ({e}) and could not be undone ({cut}); \
+                         refusing further use until reopened"
+                    );
+                }
+            }
+            return Err(e);
+        }
         self.scanned += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Fails once a write could not be undone (see [`Journal::write_synced`]).
+    fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(Error::JournalPoisoned {
+                path: self.path.clone(),
+            });
+        }
         Ok(())
     }
 
@@ -223,6 +269,7 @@ impl Journal {
     /// exactly as it stood in the inbox (validated by the caller, no newline), so the journal
     /// keeps the full envelope and the drain does not serialize every message again.
     pub fn append_inbox_lines(&mut self, items: &[(&[u8], &str)]) -> Result<()> {
+        self.check_poisoned()?;
         if items.is_empty() {
             return Ok(());
         }
@@ -375,6 +422,26 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         assert!(reader.join().unwrap() > 0);
         assert_eq!(read_entries(&path).unwrap().len(), 200);
+    }
+
+    /// Finding 7: a journal whose failed write could not be undone refuses every call (it
+    /// cannot tell what the file holds) until it is reopened, which repairs the tail.
+    #[test]
+    fn a_poisoned_journal_refuses_everything_until_reopened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.jsonl");
+        let owner = own(&path);
+        let (mut j, _) = Journal::open_path(path.clone(), &owner).unwrap();
+        j.poisoned = true;
+        let e = j.append(&[Entry::Idle { at: 1.0 }]).unwrap_err();
+        assert!(matches!(e, Error::JournalPoisoned { .. }), "{e}");
+        assert!(j.append(&[]).is_err());
+        assert!(j.append_inbox_lines(&[]).is_err());
+        assert!(j.refresh().is_err());
+        assert!(read_entries(&path).unwrap().is_empty());
+        let (mut j, _) = Journal::open_path(path.clone(), &owner).unwrap();
+        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        assert_eq!(read_entries(&path).unwrap().len(), 1);
     }
 
     #[test]
