@@ -129,7 +129,18 @@ pub fn inbox(team: &TeamDir, a: InboxArgs) -> anyhow::Result<u8> {
     let msgs: Vec<Message> = if a.peek {
         inbox.peek()?
     } else {
-        let (mut journal, _) = Journal::open(team, &lead)?;
+        // Draining writes the lead's journal, which a running `lead chat` owns: a second writer
+        // could cut the entry chat is appending (taking it for a crash's torn tail).
+        let Some(owner) = Journal::try_own(team, &lead)? else {
+            return Err(crate::ExitError {
+                code: 4,
+                message: "`lead chat` is running on this team dir and consumes the lead's inbox: \
+                          use /inbox in the chat, or `lead inbox --peek` to look without consuming"
+                    .into(),
+            }
+            .into());
+        };
+        let (mut journal, _) = Journal::open(team, &lead, &owner)?;
         inbox.drain(&mut journal)?
     };
     if a.json {

@@ -57,6 +57,14 @@ pub struct ThroughputResult {
 /// Pause between the bench consumer's drains.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(5);
 
+/// The owner lock of `name`'s journal in a bench team dir (nobody else uses it).
+fn own(team: &TeamDir, name: &AgentName) -> Result<crate::fsutil::HeldLock> {
+    Journal::try_own(team, name)?.ok_or_else(|| Error::Locked {
+        what: "a bench journal",
+        path: team.transcript_lock(name),
+    })
+}
+
 fn bench_name() -> AgentName {
     AgentName::teammate("bench").expect("valid name")
 }
@@ -135,7 +143,8 @@ pub fn inbox_throughput(
         .collect::<Result<_>>()?;
     // Let every writer reach its wait loop before starting the clock.
     std::thread::sleep(Duration::from_millis(200));
-    let (mut journal, _) = Journal::open(&team, &name)?;
+    let owner = own(&team, &name)?;
+    let (mut journal, _) = Journal::open(&team, &name, &owner)?;
     let mut seen = crate::ids::IdSet::default();
     let mut delivered = 0u64;
     let mut duplicates = 0u64;
@@ -283,7 +292,8 @@ pub fn run_waiter(team: &Path, out: &mut dyn Write) -> Result<()> {
     let name = waiter_name();
     let inbox = Inbox::new(&team, &name);
     let mut waiter = InboxWaiter::new(&inbox)?;
-    let (mut journal, _) = Journal::open(&team, &name)?;
+    let owner = own(&team, &name)?;
+    let (mut journal, _) = Journal::open(&team, &name, &owner)?;
     let mode = if waiter.uses_inotify() {
         "inotify"
     } else {

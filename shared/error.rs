@@ -60,6 +60,14 @@ pub enum Error {
     /// Another process holds a lock this operation needs exclusively.
     #[error("{what} is held by another process ({})", path.display())]
     Locked { what: &'static str, path: PathBuf },
+    /// A journal write failed and could not be undone; the journal refuses every call until it
+    /// is reopened.
+    #[error(
+        "journal {} is unusable after a write that failed and could not be undone; restart to \
+         repair it",
+        path.display()
+    )]
+    JournalPoisoned { path: PathBuf },
     /// A protocol rule was broken (for example a teammate creating a shutdown request).
     #[error("{0}")]
     Protocol(String),

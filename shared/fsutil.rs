@@ -7,7 +7,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
@@ -132,6 +132,8 @@ pub fn try_lock_exclusive<'a>(file: &'a File, path: &Path) -> Result<Option<Lock
 #[derive(Debug)]
 pub struct HeldLock {
     _file: File,
+    /// Where the lock file is, so that what the lock guards can check it got the right one.
+    path: PathBuf,
 }
 
 impl HeldLock {
@@ -143,7 +145,15 @@ impl HeldLock {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
             Err(e) => return Err(Error::io("lock", path)(e)),
         };
-        Ok(held.then_some(HeldLock { _file: file }))
+        Ok(held.then(|| HeldLock {
+            _file: file,
+            path: path.to_owned(),
+        }))
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Like [`HeldLock::try_acquire`], but a lock found held is tried again a few times over

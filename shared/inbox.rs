@@ -353,8 +353,16 @@ mod tests {
         let team = TeamDir::create(tmp.path().join(".team")).unwrap();
         let name = AgentName::teammate("alice").unwrap();
         let inbox = Inbox::new(&team, &name);
-        let (journal, _) = Journal::open(&team, &name).unwrap();
+        let (journal, _) = Journal::open(&team, &name, &own(&team, &name)).unwrap();
         (tmp, team, inbox, journal)
+    }
+
+    /// The owner lock of `name`'s journal, taken for this test. Journals opened with it stay
+    /// open after it is dropped; tests that reopen take it again.
+    fn own(team: &TeamDir, name: &AgentName) -> crate::fsutil::HeldLock {
+        Journal::try_own(team, name)
+            .unwrap()
+            .expect("no other owner")
     }
 
     fn msg(text: &str) -> Message {
@@ -432,8 +440,95 @@ mod tests {
         j.append(&[Entry::Inbox { message: a.clone() }]).unwrap();
         let b = msg("b");
         inbox.append(&b, Durability::ProcessCrash).unwrap();
-        let (mut j2, _) = Journal::open(&team, inbox.name()).unwrap();
+        let (mut j2, _) = Journal::open(&team, inbox.name(), &own(&team, inbox.name())).unwrap();
         assert_eq!(inbox.drain(&mut j2).unwrap(), vec![b]);
+    }
+
+    /// Finding 7: a drain whose journal write fails halfway (the file size limit stands in for
+    /// a full disk) leaves the journal byte for byte as it was, marks nothing seen, keeps the
+    /// inbox, and the next append still reads back. The failing part runs in a child process
+    /// (this test binary again, running only [`fsize_child`]) whose RLIMIT_FSIZE is just above
+    /// the journal's size.
+    #[test]
+    fn a_drain_that_fails_halfway_rolls_the_journal_back() {
+        use std::os::unix::process::CommandExt;
+        let (_t, team, inbox, mut j) = setup();
+        j.append(&[Entry::Session {
+            incarnation: 1,
+            pid: 1,
+            at: 0.0,
+        }])
+        .unwrap();
+        drop(j);
+        let (a, b) = (msg(&"x".repeat(300)), msg(&"y".repeat(300)));
+        inbox.append(&a, Durability::ProcessCrash).unwrap();
+        inbox.append(&b, Durability::ProcessCrash).unwrap();
+        let path = team.transcript(inbox.name());
+        let limit = std::fs::metadata(&path).unwrap().len() + 400;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args(["--exact", "inbox::tests::fsize_child", "--nocapture"])
+            .env("TROUPE_TEST_FSIZE_TEAM", team.root());
+        // SAFETY: setrlimit and signal are async-signal-safe; nothing else runs in the child.
+        unsafe {
+            child.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A write past the limit then fails with EFBIG instead of killing the process.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let o = child.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+        // What the child's failed drain left is the next drain's, whole.
+        let owner = own(&team, inbox.name());
+        let (mut j, entries) = Journal::open(&team, inbox.name(), &owner).unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert!(matches!(entries[1], Entry::Idle { .. }), "{entries:?}");
+        assert_eq!(inbox.drain(&mut j).unwrap(), vec![a, b]);
+        assert!(inbox.is_empty());
+    }
+
+    /// The child half of [`a_drain_that_fails_halfway_rolls_the_journal_back`]; does nothing
+    /// unless started by it.
+    #[test]
+    fn fsize_child() {
+        let Some(root) = std::env::var_os("TROUPE_TEST_FSIZE_TEAM") else {
+            return;
+        };
+        let team = TeamDir::open(std::path::Path::new(&root)).unwrap();
+        let name = AgentName::teammate("alice").unwrap();
+        let inbox = Inbox::new(&team, &name);
+        let (mut j, _) = Journal::open(&team, &name, &own(&team, &name)).unwrap();
+        let path = team.transcript(&name);
+        let before = std::fs::read(&path).unwrap();
+        let e = inbox.drain(&mut j).unwrap_err();
+        assert!(e.to_string().contains("append to"), "{e}");
+        let after = std::fs::read(&path).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&after),
+            String::from_utf8_lossy(&before),
+            "the torn batch stayed"
+        );
+        let ids: Vec<String> = inbox.peek().unwrap().into_iter().map(|m| m.id).collect();
+        assert_eq!(ids.len(), 2);
+        assert!(ids.iter().all(|id| !j.has_seen(id)));
+        assert_eq!(j.seen_count(), 0);
+        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        let entries = crate::transcript::read_entries(&path).unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
     }
 
     #[test]

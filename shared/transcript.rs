@@ -9,6 +9,12 @@
 //! Each line is one [`Entry`], written with a single `write_all` on an `O_APPEND` descriptor and
 //! fdatasynced. A line cut short by a crash is ignored when read and cut off before the next
 //! append.
+//!
+//! A journal has one writer: the process holding its owner lock (`transcripts/NAME.lock`, see
+//! [`Journal::try_own`]), and only [`Journal::open`] with that lock in hand cuts a torn tail.
+//! A reader without the lock ([`read_entries`]) never changes the file: the tail it sees
+//! unterminated may be an append the owner is making at that moment, and cutting it would delete
+//! an entry the owner has been told is durable.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -17,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil;
+use crate::fsutil::{self, HeldLock};
 use crate::ids::IdSet;
 use crate::llm::{Block, ChatResponse};
 use crate::message::Message;
@@ -65,24 +71,52 @@ pub struct Journal {
     seen: IdSet,
     /// Bytes of the file already scanned into `seen`.
     scanned: u64,
+    /// A write failed and could not be undone: the file may end in a torn or unsynced batch
+    /// that this journal's bookkeeping does not describe. Every later call fails until the
+    /// journal is reopened (the process exits; the open-time repair cleans up).
+    poisoned: bool,
 }
 
 impl Journal {
-    /// Opens (creating 0600) the journal of `name`, returning it with every entry it holds.
-    /// A torn last line is dropped from the file.
-    pub fn open(team: &TeamDir, name: &AgentName) -> Result<(Journal, Vec<Entry>)> {
+    /// Takes the owner lock of `name`'s journal (`transcripts/NAME.lock`) without waiting
+    /// (beyond [`HeldLock::try_acquire_settled`]'s few milliseconds); `Ok(None)` while another
+    /// process owns the journal.
+    pub fn try_own(team: &TeamDir, name: &AgentName) -> Result<Option<HeldLock>> {
         fsutil::create_dir(&team.transcripts_dir())?;
-        Journal::open_path(team.transcript(name))
+        HeldLock::try_acquire_settled(&team.transcript_lock(name))
     }
 
-    /// Opens a journal at an explicit path (tests, tools).
-    pub fn open_path(path: PathBuf) -> Result<(Journal, Vec<Entry>)> {
+    /// Opens (creating 0600) the journal of `name` as its owner, returning it with every entry
+    /// it holds. A torn last line is dropped from the file. `owner` is the journal's owner lock
+    /// ([`Journal::try_own`], or the worker's liveness lock, which is the same file).
+    pub fn open(
+        team: &TeamDir,
+        name: &AgentName,
+        owner: &HeldLock,
+    ) -> Result<(Journal, Vec<Entry>)> {
+        fsutil::create_dir(&team.transcripts_dir())?;
+        Journal::open_path(team.transcript(name), owner)
+    }
+
+    /// Opens the journal at an explicit path as its owner (tests, tools). `owner` must be the
+    /// lock beside it ([`owner_lock_path`]).
+    pub fn open_path(path: PathBuf, owner: &HeldLock) -> Result<(Journal, Vec<Entry>)> {
+        let want = owner_lock_path(&path);
+        if owner.path() != want {
+            return Err(Error::Protocol(format!(
+                "refusing to open journal {} as its owner: the lock held is {}, not {}",
+                path.display(),
+                owner.path().display(),
+                want.display()
+            )));
+        }
         let file = fsutil::open_append(&path)?;
         let mut journal = Journal {
             path,
             file,
             seen: IdSet::default(),
             scanned: 0,
+            poisoned: false,
         };
         let entries = journal.scan(true)?;
         Ok((journal, entries))
@@ -107,6 +141,7 @@ impl Journal {
     /// the same journal) and returns the complete entries found. With `repair`, an unterminated
     /// last line is cut off the file.
     fn scan(&mut self, repair: bool) -> Result<Vec<Entry>> {
+        self.check_poisoned()?;
         let mut f = &self.file;
         let len = f.metadata().map_err(Error::io("stat", &self.path))?.len();
         if len <= self.scanned {
@@ -157,6 +192,7 @@ impl Journal {
 
     /// Appends entries with one write and fdatasyncs them. After `Ok`, they survive any crash.
     pub fn append(&mut self, entries: &[Entry]) -> Result<()> {
+        self.check_poisoned()?;
         if entries.is_empty() {
             return Ok(());
         }
@@ -177,15 +213,54 @@ impl Journal {
 
     /// Appends whole lines with one write and fdatasyncs them, keeping `scanned` at the end of
     /// what this journal has read.
+    ///
+    /// All or nothing: when the write or the sync fails (a full disk stops a write partway; a
+    /// failed sync leaves whole lines that may not be on disk), the file is cut back to its
+    /// length before the write. Otherwise a later scan would count the batch's complete lines
+    /// as consumed (the drain would then skip and truncate messages the agent never got) and
+    /// the next append would be glued to a torn line and lost. If the cut fails too, the
+    /// journal is poisoned.
     fn write_synced(&mut self, buf: &[u8]) -> Result<()> {
         // Another consumer of this journal may have appended since our last scan; scan it first
         // so that `scanned` keeps pointing at the end of what we have read.
         self.refresh()?;
-        (&self.file)
+        let before = self
+            .file
+            .metadata()
+            .map_err(Error::io("stat", &self.path))?
+            .len();
+        let written = (&self.file)
             .write_all(buf)
-            .map_err(Error::io("append to", &self.path))?;
-        fsutil::sync_data(&self.file, &self.path)?;
+            .map_err(Error::io("append to", &self.path))
+            .and_then(|()| fsutil::sync_data(&self.file, &self.path));
+        if let Err(e) = written {
+            match self.file.set_len(before) {
+                Ok(()) => tracing::warn!(
+                    path = %self.path.display(),
+                    "journal write failed and was undone: {e}"
+                ),
+                Err(cut) => {
+                    self.poisoned = true;
+                    tracing::error!(
+                        path = %self.path.display(),
+                        "journal write failed ({e}) and could not be undone ({cut}); \
+                         refusing further use until reopened"
+                    );
+                }
+            }
+            return Err(e);
+        }
         self.scanned += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Fails once a write could not be undone (see [`Journal::write_synced`]).
+    fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(Error::JournalPoisoned {
+                path: self.path.clone(),
+            });
+        }
         Ok(())
     }
 
@@ -194,6 +269,7 @@ impl Journal {
     /// exactly as it stood in the inbox (validated by the caller, no newline), so the journal
     /// keeps the full envelope and the drain does not serialize every message again.
     pub fn append_inbox_lines(&mut self, items: &[(&[u8], &str)]) -> Result<()> {
+        self.check_poisoned()?;
         if items.is_empty() {
             return Ok(());
         }
@@ -226,7 +302,14 @@ impl Journal {
     }
 }
 
-/// Reads every complete entry of a journal without opening it for writing.
+/// The owner lock of the journal at `path`: `NAME.lock` beside `NAME.jsonl`, as
+/// [`TeamDir::transcript_lock`] names it.
+pub fn owner_lock_path(path: &Path) -> PathBuf {
+    path.with_extension("lock")
+}
+
+/// Reads every complete entry of a journal without opening it for writing (and without
+/// touching a torn tail: anyone may call it, owner or not).
 pub fn read_entries(path: &Path) -> Result<Vec<Entry>> {
     let Some(bytes) = fsutil::read_optional(path)? else {
         return Ok(Vec::new());
@@ -263,13 +346,21 @@ mod tests {
     use super::*;
     use crate::message::MessageType;
 
+    /// The owner lock of `path`'s journal, which must be free.
+    fn own(path: &Path) -> HeldLock {
+        HeldLock::try_acquire(&owner_lock_path(path))
+            .unwrap()
+            .expect("the journal has no other owner")
+    }
+
     #[test]
     fn reopen_rebuilds_seen_and_cuts_torn_tail() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("t.jsonl");
+        let owner = own(&path);
         let m = Message::new(MessageType::Message, "lead", "alice", "hi");
         {
-            let (mut j, entries) = Journal::open_path(path.clone()).unwrap();
+            let (mut j, entries) = Journal::open_path(path.clone(), &owner).unwrap();
             assert!(entries.is_empty());
             j.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
         }
@@ -280,7 +371,7 @@ mod tests {
             .unwrap()
             .write_all(b"{\"kind\":\"inb")
             .unwrap();
-        let (mut j, entries) = Journal::open_path(path.clone()).unwrap();
+        let (mut j, entries) = Journal::open_path(path.clone(), &owner).unwrap();
         assert_eq!(entries, vec![Entry::Inbox { message: m.clone() }]);
         assert!(j.has_seen(&m.id));
         assert_eq!(j.last_byte(), Some(b'\n'));
@@ -288,12 +379,78 @@ mod tests {
         assert_eq!(read_entries(&path).unwrap().len(), 2);
     }
 
+    /// Finding 6: a process that does not own a journal opens it while the owner appends large
+    /// entries (each `Ok` after its fdatasync); every entry must survive. Without the owner lock
+    /// the only way in is a reader that never repairs.
+    #[test]
+    fn a_non_owner_open_never_cuts_the_owners_appends() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.jsonl");
+        let lock = own(&path);
+        let (mut owner, _) = Journal::open_path(path.clone(), &lock).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut refused = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    match HeldLock::try_acquire(&owner_lock_path(&path)).unwrap() {
+                        Some(l) => drop(Journal::open_path(path.clone(), &l).unwrap()),
+                        None => {
+                            refused += 1;
+                            read_entries(&path).unwrap();
+                        }
+                    }
+                    // A wrong lock does not open it either.
+                    let other = HeldLock::try_acquire(&path.with_extension("other"))
+                        .unwrap()
+                        .unwrap();
+                    assert!(Journal::open_path(path.clone(), &other).is_err());
+                }
+                refused
+            })
+        };
+        for _ in 0..200 {
+            let entry = Entry::User {
+                text: "x".repeat(1 << 20),
+                at: 0.0,
+            };
+            owner.append(&[entry]).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        assert_eq!(read_entries(&path).unwrap().len(), 200);
+    }
+
+    /// Finding 7: a journal whose failed write could not be undone refuses every call (it
+    /// cannot tell what the file holds) until it is reopened, which repairs the tail.
+    #[test]
+    fn a_poisoned_journal_refuses_everything_until_reopened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.jsonl");
+        let owner = own(&path);
+        let (mut j, _) = Journal::open_path(path.clone(), &owner).unwrap();
+        j.poisoned = true;
+        let e = j.append(&[Entry::Idle { at: 1.0 }]).unwrap_err();
+        assert!(matches!(e, Error::JournalPoisoned { .. }), "{e}");
+        assert!(j.append(&[]).is_err());
+        assert!(j.append_inbox_lines(&[]).is_err());
+        assert!(j.refresh().is_err());
+        assert!(read_entries(&path).unwrap().is_empty());
+        let (mut j, _) = Journal::open_path(path.clone(), &owner).unwrap();
+        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        assert_eq!(read_entries(&path).unwrap().len(), 1);
+    }
+
     #[test]
     fn refresh_sees_other_writers() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("t.jsonl");
-        let (mut a, _) = Journal::open_path(path.clone()).unwrap();
-        let (mut b, _) = Journal::open_path(path.clone()).unwrap();
+        let owner = own(&path);
+        let (mut a, _) = Journal::open_path(path.clone(), &owner).unwrap();
+        let (mut b, _) = Journal::open_path(path.clone(), &owner).unwrap();
         let m = Message::new(MessageType::Message, "x", "lead", "1");
         b.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
         assert!(!a.has_seen(&m.id));

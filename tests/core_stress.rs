@@ -15,8 +15,17 @@ use support::child::{self, Rng};
 use troupe::inbox::{Durability, Inbox};
 use troupe::message::{Message, MessageType};
 use troupe::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
-use troupe::transcript::Journal;
+use troupe::transcript::{Entry, Journal};
 use troupe::{AgentName, TeamDir};
+
+/// Opens `name`'s journal as its owner. The owner lock is let go at once: the test is the only
+/// process that uses the journal.
+fn open_journal(team: &TeamDir, name: &AgentName) -> (Journal, Vec<Entry>) {
+    let owner = Journal::try_own(team, name)
+        .unwrap()
+        .expect("no other owner");
+    Journal::open(team, name, &owner).unwrap()
+}
 
 fn alice() -> AgentName {
     AgentName::teammate("alice").unwrap()
@@ -74,7 +83,7 @@ fn resolver(vars: &HashMap<String, String>) {
 /// Drains once and dies by SIGKILL after the journal write, before the truncate.
 fn dying_drainer(vars: &HashMap<String, String>) {
     let team = team_from(vars);
-    let (mut journal, _) = Journal::open(&team, &alice()).unwrap();
+    let (mut journal, _) = open_journal(&team, &alice());
     Inbox::new(&team, &alice())
         .drain_with(&mut journal, |batch| {
             child::report(&format!("drained {}", batch.len()));
@@ -126,7 +135,7 @@ fn four_writers_one_drainer_exactly_once_in_order() {
         })
         .collect();
     let inbox = Inbox::new(&team, &alice());
-    let (mut journal, _) = Journal::open(&team, &alice()).unwrap();
+    let (mut journal, _) = open_journal(&team, &alice());
     let mut got = Vec::new();
     let mut done = false;
     while !done {
@@ -162,7 +171,7 @@ fn sigkilled_writers_never_deliver_torn_messages() {
         let stop = stop.clone();
         std::thread::spawn(move || {
             let inbox = Inbox::new(&team, &alice());
-            let (mut journal, _) = Journal::open(&team, &alice()).unwrap();
+            let (mut journal, _) = open_journal(&team, &alice());
             let mut got = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 got.extend(inbox.drain(&mut journal).unwrap());
@@ -360,7 +369,7 @@ fn drainer_killed_between_journal_and_truncate_repeats_nothing() {
 
     let late = Message::new(MessageType::Message, "lead", "alice", "late");
     inbox.append(&late, Durability::ProcessCrash).unwrap();
-    let (mut journal, entries) = Journal::open(&team, &alice()).unwrap();
+    let (mut journal, entries) = open_journal(&team, &alice());
     assert_eq!(entries.len(), 10, "the dead drainer's batch is journaled");
     assert_eq!(inbox.drain(&mut journal).unwrap(), vec![late]);
     assert!(inbox.is_empty());

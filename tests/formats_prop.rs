@@ -39,6 +39,22 @@ use troupe::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
 use troupe::transcript::{Entry, Journal, read_entries};
 use troupe::{AgentName, Error, TeamDir};
 
+/// Opens `name`'s journal as its owner. The owner lock is let go at once: the test is the only
+/// process that uses the journal.
+fn open_journal(team: &TeamDir, name: &AgentName) -> (Journal, Vec<Entry>) {
+    let owner = Journal::try_own(team, name)
+        .unwrap()
+        .expect("no other owner");
+    Journal::open(team, name, &owner).unwrap()
+}
+
+/// The owner lock of the journal at `path`, which must be free.
+fn own_path(path: &std::path::Path) -> troupe::fsutil::HeldLock {
+    troupe::fsutil::HeldLock::try_acquire(&troupe::transcript::owner_lock_path(path))
+        .unwrap()
+        .expect("no other owner")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
@@ -570,7 +586,7 @@ fn check_inbox(
     let (_tmp, team) = team();
     let name = alice();
     let inbox = Inbox::new(&team, &name);
-    let (mut journal, _) = Journal::open(&team, &name).unwrap();
+    let (mut journal, _) = open_journal(&team, &name);
 
     let mut bytes = Vec::new();
     let mut valid: Vec<(Message, Vec<u8>)> = Vec::new();
@@ -667,7 +683,7 @@ fn check_inbox(
         .chain(&delivered)
         .map(|m| Entry::Inbox { message: m.clone() })
         .collect();
-    let (reopened, entries) = Journal::open(&team, &name).unwrap();
+    let (reopened, entries) = open_journal(&team, &name);
     prop_assert_eq!(&entries, &want);
     prop_assert_eq!(reopened.seen_count(), want.len());
     prop_assert_eq!(&read_entries(journal.path()).unwrap(), &want);
@@ -703,7 +719,7 @@ proptest! {
     ) {
         let (_tmp, team) = team();
         let inbox = Inbox::new(&team, &alice());
-        let (mut journal, _) = Journal::open(&team, &alice()).unwrap();
+        let (mut journal, _) = open_journal(&team, &alice());
         let mut all = bytes;
         for m in more {
             all.push(b'\n');
@@ -1281,7 +1297,7 @@ proptest! {
         let tmp = tempfile::tempdir().unwrap();
         let path = write_file(tmp.path(), "t.jsonl", &lines.join(&b'\n'));
         let read = read_entries(&path).unwrap();
-        let (_, opened) = Journal::open_path(path.clone()).unwrap();
+        let (_, opened) = Journal::open_path(path.clone(), &own_path(&path)).unwrap();
         prop_assert_eq!(read, opened);
     }
 
@@ -1312,7 +1328,7 @@ proptest! {
         let path = write_file(tmp.path(), "t.jsonl", &bytes);
         prop_assert_eq!(&read_entries(&path).unwrap(), &want);
 
-        let (mut journal, entries) = Journal::open_path(path.clone()).unwrap();
+        let (mut journal, entries) = Journal::open_path(path.clone(), &own_path(&path)).unwrap();
         prop_assert_eq!(&entries, &want);
         prop_assert_eq!(std::fs::read(&path).unwrap().len(), complete, "the torn tail is cut");
         for id in inbox_ids(&want) {
@@ -1347,7 +1363,7 @@ fn journal_reads_back_messages_with_deep_or_huge_unknown_fields() {
     for raw in raws {
         let (_tmp, team) = team();
         let inbox = Inbox::new(&team, &alice());
-        let (mut journal, _) = Journal::open(&team, &alice()).unwrap();
+        let (mut journal, _) = open_journal(&team, &alice());
         let m = Message::new(MessageType::Message, "lead", "alice", "deep");
         let mut line = render(&m, &Shape::ExtraFields(vec![("x-extra".into(), raw)]));
         assert_eq!(Message::parse_line(&line).unwrap(), m);
@@ -1356,7 +1372,7 @@ fn journal_reads_back_messages_with_deep_or_huge_unknown_fields() {
         assert_eq!(inbox.drain(&mut journal).unwrap(), vec![m.clone()]);
         let want = vec![Entry::Inbox { message: m.clone() }];
         assert_eq!(read_entries(journal.path()).unwrap(), want);
-        let (reopened, entries) = Journal::open(&team, &alice()).unwrap();
+        let (reopened, entries) = open_journal(&team, &alice());
         assert_eq!(entries, want);
         assert!(reopened.has_seen(&m.id));
     }

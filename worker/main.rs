@@ -169,7 +169,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         bash_timeout: Duration::from_secs(a.bash_timeout),
         api_wait_max: Duration::from_secs_f64(a.api_wait_max),
     };
-    let mut mate = match Teammate::open(settings, provider, signals.term.clone()) {
+    let mut mate = match Teammate::open(settings, provider, signals.term.clone(), &_alive) {
         Ok(m) => m,
         // Stopped while config.json did not parse: a stop, not a configuration error.
         Err(_) if signals.term.load(Ordering::SeqCst) => return Ok(EXIT_TERM),

@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 
 use crate::error::Result;
-use crate::fsutil;
+use crate::fsutil::{self, HeldLock};
 use crate::llm::{Block, ChatMessage, Role, StopReason};
 use crate::message::{Message, MessageType};
 use crate::teamdir::{AgentName, TeamDir};
@@ -170,9 +170,15 @@ impl Rebuilt {
 
 /// Takes over an agent's journal for a new process: opens it, rebuilds the conversation,
 /// journals the new session and answers tool uses a kill cut off with an error result (so the
-/// next model call sees every `tool_use` answered). The caller holds the agent's liveness lock.
-pub fn resume(team: &TeamDir, name: &AgentName, incarnation: u64) -> Result<(Journal, Rebuilt)> {
-    let (mut journal, entries) = Journal::open(team, name)?;
+/// next model call sees every `tool_use` answered). `owner` is the agent's liveness lock,
+/// `transcripts/NAME.lock`, which makes this process the journal's owner.
+pub fn resume(
+    team: &TeamDir,
+    name: &AgentName,
+    incarnation: u64,
+    owner: &HeldLock,
+) -> Result<(Journal, Rebuilt)> {
+    let (mut journal, entries) = Journal::open(team, name, owner)?;
     let mut conv = Rebuilt::from_entries(&entries);
     let session = Entry::Session {
         incarnation,

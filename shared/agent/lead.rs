@@ -119,7 +119,7 @@ impl Lead {
                 path: lock_path,
             });
         };
-        let (journal, conv) = conversation::resume(&s.team, &name, 0)?;
+        let (journal, conv) = conversation::resume(&s.team, &name, 0, &alive)?;
         Ok(Lead {
             inbox: Inbox::new(&s.team, &name),
             roster: Roster::new(&s.team),
@@ -233,7 +233,7 @@ impl Lead {
                         let output = if response.stop_reason == StopReason::MaxTokens {
                             ToolOutput::cut_short()
                         } else {
-                            self.run_tool(name, input, &mut inbox_ids)
+                            self.run_tool(name, input, &mut inbox_ids)?
                         };
                         show(Shown::Tool {
                             name,
@@ -356,16 +356,25 @@ impl Lead {
         )
     }
 
-    fn run_tool(&mut self, name: &str, input: &Value, inbox_ids: &mut Vec<String>) -> ToolOutput {
+    /// Runs one tool. `Err` only when the turn cannot go on: the inbox drain of `read_inbox`
+    /// failed (its journal write was undone, or the journal is unusable).
+    fn run_tool(
+        &mut self,
+        name: &str,
+        input: &Value,
+        inbox_ids: &mut Vec<String>,
+    ) -> Result<ToolOutput> {
         let out = match tools::check_input(input) {
             Err(e) => ToolOutput::error(e),
-            Ok(_) => self.dispatch(name, input, inbox_ids),
+            Ok(_) if name == "read_inbox" => ToolOutput::ok(self.read_inbox(inbox_ids)?),
+            Ok(_) => self.dispatch(name, input),
         };
         tools::log_call(&self.s.team, LEAD, name, input, &out);
-        out
+        Ok(out)
     }
 
-    fn dispatch(&mut self, name: &str, input: &Value, inbox_ids: &mut Vec<String>) -> ToolOutput {
+    /// Every tool but `read_inbox` (see [`Lead::run_tool`]).
+    fn dispatch(&mut self, name: &str, input: &Value) -> ToolOutput {
         let team = &self.s.team;
         let file_tool = matches!(name, "bash" | "read_file" | "write_file" | "edit_file");
         if file_tool {
@@ -384,7 +393,6 @@ impl Lead {
             "spawn_teammate" => spawn_teammate(team, input),
             "list_teammates" => self.list_teammates(),
             "send_message" => send_message(team, input),
-            "read_inbox" => self.read_inbox(inbox_ids),
             "broadcast" => broadcast(team, input),
             "shutdown_request" => self.shutdown_request(input),
             "shutdown_response" => self.shutdown_status(input),
@@ -440,11 +448,8 @@ impl Lead {
         Ok(lines.join("\n"))
     }
 
-    fn read_inbox(&mut self, inbox_ids: &mut Vec<String>) -> std::result::Result<String, String> {
-        let batch = self
-            .inbox
-            .drain(&mut self.journal)
-            .map_err(|e| format!("failed to read inbox: {e}"))?;
+    fn read_inbox(&mut self, inbox_ids: &mut Vec<String>) -> Result<String> {
+        let batch = self.inbox.drain(&mut self.journal)?;
         inbox_ids.extend(batch.iter().map(|m| m.id.clone()));
         Ok(if batch.is_empty() {
             "no new messages".into()

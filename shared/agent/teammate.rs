@@ -90,18 +90,20 @@ pub struct Teammate {
 }
 
 impl Teammate {
-    /// Opens the journal, rebuilds the conversation and records the new session.
+    /// Opens the journal, rebuilds the conversation and records the new session. `owner` is
+    /// the teammate's liveness lock (`transcripts/NAME.lock`), held for the process's lifetime.
     pub fn open(
         s: Settings,
         provider: Box<dyn Provider>,
         term: Arc<AtomicBool>,
+        owner: &fsutil::HeldLock,
     ) -> Result<Teammate> {
         let roster = Roster::new(&s.team);
         let member = roster
             .load_patiently(&|| term.load(Ordering::SeqCst))?
             .require(s.name.as_str())?
             .clone();
-        let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation)?;
+        let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation, owner)?;
         let requests = RequestStore::new(&s.team);
         let mut t = Teammate {
             inbox: Inbox::new(&s.team, &s.name),
@@ -409,7 +411,7 @@ impl Teammate {
                 let out = if response.stop_reason == StopReason::MaxTokens {
                     ToolOutput::cut_short()
                 } else {
-                    self.run_tool(&name, &input, &mut inbox_ids)
+                    self.run_tool(&name, &input, &mut inbox_ids)?
                 };
                 results.push(Block::ToolResult {
                     tool_use_id: id,
@@ -553,18 +555,26 @@ impl Teammate {
         self.provider.complete(&req)
     }
 
-    fn run_tool(&mut self, name: &str, input: &Value, inbox_ids: &mut Vec<String>) -> ToolOutput {
-        let out = self.dispatch_tool(name, input, inbox_ids);
-        tools::log_call(&self.s.team, self.s.name.as_str(), name, input, &out);
-        out
-    }
-
-    fn dispatch_tool(
+    /// Runs one tool. `Err` only when the step cannot go on: the inbox drain of `read_inbox`
+    /// failed (its journal write was undone, or the journal is unusable), which ends the process
+    /// so that the restart's journal repair and drain take over.
+    fn run_tool(
         &mut self,
         name: &str,
         input: &Value,
         inbox_ids: &mut Vec<String>,
-    ) -> ToolOutput {
+    ) -> Result<ToolOutput> {
+        let out = if name == "read_inbox" {
+            self.tool_read_inbox(inbox_ids)?
+        } else {
+            self.dispatch_tool(name, input)
+        };
+        tools::log_call(&self.s.team, self.s.name.as_str(), name, input, &out);
+        Ok(out)
+    }
+
+    /// Every tool but `read_inbox` (see [`Teammate::run_tool`]).
+    fn dispatch_tool(&mut self, name: &str, input: &Value) -> ToolOutput {
         let gated = self.plan_gate && !self.gate_open;
         if tools::MUTATING.contains(&name) && gated {
             return ToolOutput::error(format!(
@@ -581,7 +591,6 @@ impl Teammate {
             "write_file" => tools::fs::write_file(&wd, input),
             "edit_file" => tools::fs::edit_file(&wd, input),
             "send_message" => self.tool_send(input),
-            "read_inbox" => self.tool_read_inbox(inbox_ids),
             "shutdown_response" => self.tool_shutdown_response(input),
             "plan_approval" => self.tool_plan(input),
             other => ToolOutput::error(format!(
@@ -617,23 +626,19 @@ impl Teammate {
         }
     }
 
-    fn tool_read_inbox(&mut self, inbox_ids: &mut Vec<String>) -> ToolOutput {
-        match self.inbox.drain(&mut self.journal) {
-            Ok(batch) => {
-                for m in &batch {
-                    if let Err(e) = self.note_message(m) {
-                        tracing::warn!("{e}");
-                    }
-                }
-                inbox_ids.extend(batch.iter().map(|m| m.id.clone()));
-                if batch.is_empty() {
-                    ToolOutput::ok("no new messages")
-                } else {
-                    ToolOutput::ok(conversation::render_inbox(&batch))
-                }
+    fn tool_read_inbox(&mut self, inbox_ids: &mut Vec<String>) -> Result<ToolOutput> {
+        let batch = self.inbox.drain(&mut self.journal)?;
+        for m in &batch {
+            if let Err(e) = self.note_message(m) {
+                tracing::warn!("{e}");
             }
-            Err(e) => ToolOutput::error(format!("failed to read inbox: {e}")),
         }
+        inbox_ids.extend(batch.iter().map(|m| m.id.clone()));
+        Ok(if batch.is_empty() {
+            ToolOutput::ok("no new messages")
+        } else {
+            ToolOutput::ok(conversation::render_inbox(&batch))
+        })
     }
 
     fn tool_shutdown_response(&mut self, input: &Value) -> ToolOutput {
