@@ -216,7 +216,10 @@ fn a_broken_roster_is_survived() {
     let pid = m.pid.unwrap();
     let good = std::fs::read_to_string(team.dir.config()).unwrap();
     let broken = &good[..good.len() / 2];
-    std::fs::write(team.dir.config(), broken).unwrap();
+    // Put in place whole (a plain write passes through an empty file, a second error).
+    let tmp = team.path().join("config.half");
+    std::fs::write(&tmp, broken).unwrap();
+    std::fs::rename(&tmp, team.dir.config()).unwrap();
     // The teammate gets work while the file is broken: it must neither exit nor overwrite it.
     let msg = team.send("amy", "work while the roster is broken");
     wait_until(T, "the message consumed", || {
