@@ -46,6 +46,9 @@ use crate::tools::fs::Workdir;
 /// Default timeout of one command.
 pub const BASH_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The longest argument Linux passes to a program, with its NUL (`MAX_ARG_STRLEN`).
+const MAX_ARG_LEN: usize = 32 * 4096;
+
 /// Environment variables a command never sees.
 const HIDDEN_ENV: [&str; 3] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "NOTIFY_SOCKET"];
 
@@ -60,6 +63,14 @@ pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(e),
     };
+    if command.len() >= MAX_ARG_LEN {
+        return ToolOutput::error(format!(
+            "command too long: {} bytes, and Linux passes at most {} in one argument; write \
+             it to a file with write_file and run that file",
+            command.len(),
+            MAX_ARG_LEN - 1
+        ));
+    }
     reap_kept();
     let exec = match Exec::new(command) {
         Ok(e) => e,
@@ -245,7 +256,7 @@ fn start_keeper(exec: &Exec, link: RawFd) -> std::io::Result<()> {
                 exec.argv.as_ptr().cast(),
                 exec.envp.as_ptr().cast(),
             );
-            say(b"failed to start bash: exec failed (is bash installed, is the command too long?)\n");
+            say(b"failed to start bash: exec failed (is bash installed and on PATH?)\n");
             libc::_exit(127);
         }
         keep(me, bash, link)
@@ -656,6 +667,18 @@ mod bounds {
         );
         assert_eq!(out.content.len(), 40006);
         assert!(out.content.ends_with("a\ntail\n"));
+    }
+
+    #[test]
+    fn a_command_too_long_for_exec_is_an_error_that_says_so() {
+        let long = format!("echo {}", "a".repeat(200_000));
+        let (out, took) = bash_within(&long, BASH_TIMEOUT, Duration::from_secs(10));
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert!(
+            out.is_error && out.content.contains("too long"),
+            "{}",
+            &out.content[..out.content.len().min(300)]
+        );
     }
 
     #[test]
