@@ -93,8 +93,9 @@ pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the closure runs in the child of a fork of a multi-threaded process; it makes
-    // only async-signal-safe calls (fork, prctl, setpgid, execvpe, open, read, write, close,
-    // poll, waitpid, kill, _exit) and allocates nothing: `exec` was built before the fork.
+    // only async-signal-safe system calls (clone, prctl, setpgid, execvpe, open, read, write,
+    // close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built before the
+    // fork.
     unsafe {
         cmd.pre_exec(move || start_keeper(&exec, keeper_fd));
     }
@@ -118,7 +119,7 @@ pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
     } else {
         // A timeout (or a keeper that died): closing the socket makes the keeper kill all.
         drop(link);
-        let _ = keeper.wait();
+        end_keeper(&mut keeper);
     }
     let stdout = String::from_utf8_lossy(&out).into_owned();
     let stderr = String::from_utf8_lossy(&err).into_owned();
@@ -144,6 +145,20 @@ pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
         text.push_str(&format!("\n[killed by signal {}]", libc::WTERMSIG(status)));
     }
     ToolOutput::ok(cap_output(text))
+}
+
+/// Waits for a keeper told to end (its kill rounds take about 3 s at most); one that does not
+/// end within 5 s is killed, which takes bash with it (its `PR_SET_PDEATHSIG`).
+fn end_keeper(keeper: &mut Child) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        if !matches!(keeper.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(TICK);
+    }
+    let _ = keeper.kill();
+    let _ = keeper.wait();
 }
 
 /// Reaps keepers that have exited by themselves (their processes all ended).
@@ -240,7 +255,11 @@ fn start_keeper(exec: &Exec, link: RawFd) -> std::io::Result<()> {
         // (spawn() waits for it to close), not another command's socket.
         close_from(3, link);
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
-        let bash = libc::fork();
+        // A raw clone rather than fork(3): glibc's fork runs atfork handlers and takes
+        // malloc's locks, which a thread of the worker that does not exist in this copy may
+        // hold; that would hang here for good.
+        let bash = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0)
+            as libc::pid_t;
         if bash < 0 {
             say(b"failed to start bash: fork failed\n");
             libc::_exit(127);
