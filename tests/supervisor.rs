@@ -363,3 +363,59 @@ fn an_unanswered_shutdown_expires_and_escalates_but_a_stale_one_stops_nobody() {
     );
     assert_eq!(team.status("gil"), MemberStatus::Idle);
 }
+
+#[test]
+fn a_team_stop_leaves_no_process_a_command_started() {
+    let team = Team::new();
+    let tool_use = support::fake_llm::anthropic_tool_use_block(
+        "tu_1",
+        "bash",
+        &serde_json::json!({
+            "command": "setsid sleep 300 & echo $! > pids.tmp; sleep 300 & echo $! >> pids.tmp; \
+                        mv pids.tmp pids; echo started"
+        })
+        .to_string(),
+    );
+    let mut script = vec![Reply::ok(support::fake_llm::anthropic_message(
+        &tool_use,
+        "tool_use",
+        r#"{"input_tokens":1,"output_tokens":1}"#,
+    ))];
+    script.extend((0..20).map(|i| Reply::ok(anthropic_text(&format!("done {i}")))));
+    let fake = FakeLlm::start(script);
+    spawn(&team, &fake.url(), "amy", "start the servers");
+    let mut lead = Lead(
+        lead_cmd(
+            &team,
+            &fake.url(),
+            &["run", "--stop-timeout", "1", "--kill-grace", "1"],
+        )
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let pids: Vec<u64> = wait_until(T, "the command's pids", || {
+        let text = std::fs::read_to_string(team.workdir.join("pids")).ok()?;
+        let pids: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        (pids.len() == 2).then_some(pids)
+    });
+    wait_until(T, "amy idle", || {
+        (team.status("amy") == MemberStatus::Idle).then_some(())
+    });
+    assert!(
+        pids.iter().all(|&p| alive_pid(p)),
+        "background jobs live while the worker does"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lead.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = wait_until(T, "lead exit", || lead.0.try_wait().unwrap());
+    assert_eq!(st.code(), Some(0));
+    wait_until(
+        Duration::from_secs(3),
+        "the command's processes gone",
+        || pids.iter().all(|&p| !alive_pid(p)).then_some(()),
+    );
+}

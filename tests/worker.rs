@@ -678,3 +678,83 @@ fn openai_wire_format_with_quirks() {
     assert_eq!(m.usage.cache_read_input_tokens, 12);
     assert_eq!(m.usage.output_tokens, 9 + 5);
 }
+
+/// The pids a bash command wrote to `pids` in the working dir, once it has written `n`.
+fn recorded_pids(team: &Team, n: usize) -> Vec<u64> {
+    wait_until(T, "the command's pids", || {
+        let text = std::fs::read_to_string(team.workdir.join("pids")).ok()?;
+        let pids: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        (pids.len() == n).then_some(pids)
+    })
+}
+
+fn wait_all_gone(pids: &[u64]) {
+    wait_until(
+        Duration::from_secs(3),
+        "the command's processes gone",
+        || pids.iter().all(|&p| !support::team::alive(p)).then_some(()),
+    );
+}
+
+/// A command that starts a daemon in its own session and a plain background job, records
+/// their pids (and bash's), then `tail`.
+fn daemon_command(tail: &str) -> String {
+    let cmd = format!(
+        "setsid sleep 300 & echo $! > pids.tmp; sleep 300 & echo $! >> pids.tmp; \
+         echo $$ >> pids.tmp; mv pids.tmp pids; {tail}"
+    );
+    json!({ "command": cmd }).to_string()
+}
+
+#[test]
+fn a_killed_worker_takes_a_running_commands_processes_with_it() {
+    let team = Team::new();
+    team.add_member("erin", 1, false);
+    let fake = FakeLlm::start([tool_turn(&[anthropic_tool_use_block(
+        "tu_1",
+        "bash",
+        &daemon_command("wait"),
+    )])]);
+    team.send("erin", "start the servers");
+    let w = team.worker("erin", &fake.url(), &[]);
+    let pids = recorded_pids(&team, 3);
+    assert!(pids.iter().all(|&p| support::team::alive(p)));
+    w.signal(nix::sys::signal::Signal::SIGKILL);
+    wait_all_gone(&pids);
+}
+
+#[test]
+fn background_jobs_outlive_the_call_but_not_the_worker() {
+    for sig in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let team = Team::new();
+        team.add_member("finn", 1, false);
+        let fake = FakeLlm::start([
+            tool_turn(&[anthropic_tool_use_block(
+                "tu_1",
+                "bash",
+                &daemon_command("echo started"),
+            )]),
+            Reply::ok(anthropic_text("servers started")),
+        ]);
+        team.send("finn", "start the servers");
+        let mut w = team.worker("finn", &fake.url(), &[]);
+        wait_until(T, "finn idle", || {
+            (team.status("finn") == MemberStatus::Idle).then_some(())
+        });
+        let pids = recorded_pids(&team, 3);
+        // bash has ended; what it started in the background runs on while the worker lives.
+        assert!(!support::team::alive(pids[2]));
+        assert!(
+            pids[..2].iter().all(|&p| support::team::alive(p)),
+            "{sig}: background jobs must live until the worker exits"
+        );
+        w.signal(sig);
+        if sig == nix::sys::signal::Signal::SIGTERM {
+            assert_eq!(w.wait(T).code(), Some(143));
+        }
+        wait_all_gone(&pids[..2]);
+    }
+}

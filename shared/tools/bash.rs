@@ -1,19 +1,43 @@
 //! The `bash` tool: a command in the working directory, with a timeout and an output cap.
 //!
-//! The command runs in its own process group, dies with the worker (`PR_SET_PDEATHSIG`), and on
-//! timeout the whole group is killed. Its output is read with poll(2) against a deadline: until
-//! both pipes reach EOF, for at most [`GRACE`] after bash has exited (a daemon the command
-//! started may hold the pipes as long as it lives), and never past the timeout. API keys and `NOTIFY_SOCKET` are removed from its
-//! environment. There is no denylist of command strings: confinement is the working directory
-//! and the process boundary, not substring matching.
+//! API keys and `NOTIFY_SOCKET` are removed from the command's environment. There is no
+//! denylist of command strings: confinement is the working directory and the process boundary,
+//! not substring matching.
+//!
+//! No process a command starts outlives the worker, and none blocks the call:
+//!
+//! - **A keeper per command.** The worker forks a small keeper process that forks bash and
+//!   stays between the two. The keeper is a child subreaper (`PR_SET_CHILD_SUBREAPER`): every
+//!   process the command starts, including daemons that double-fork or `setsid`, is re-parented
+//!   to it when orphaned, so it can always find them (`/proc/self/task/PID/children`). It tells
+//!   the worker bash's exit status over a socket pair and watches that socket: when the
+//!   worker closes its end, or dies however it dies (kill -9 included, since the kernel closes
+//!   a dead process's sockets), the keeper SIGKILLs every process under it, reaps them, and
+//!   exits. Bash itself gets `PR_SET_PDEATHSIG` = SIGKILL against the keeper, and runs in its
+//!   own process group.
+//! - **Bounded reads.** Output is read with poll(2): until both pipes reach EOF, for at most
+//!   [`GRACE`] after bash has exited (a background job or a daemon may hold the pipes as long
+//!   as it lives), and never past the timeout.
+//! - **Lifetimes.** A timeout ends the whole command: the worker closes the socket and the
+//!   keeper kills bash and everything it started. When bash exits by itself, what it started in
+//!   the background (`server &`) runs on: its keeper stays, and the worker keeps its end of the
+//!   socket until the worker exits, at which point the keeper kills them. A keeper whose
+//!   processes have all ended exits by itself and is reaped at the next call.
+//!
+//! Only a SIGKILL of the keeper itself (no code runs) lets bash's descendants escape: bash
+//! dies with it, what bash started is re-parented to init.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use serde_json::Value;
 
 use super::{ToolOutput, cap_output, check_input, input_str};
@@ -22,6 +46,16 @@ use crate::tools::fs::Workdir;
 /// Default timeout of one command.
 pub const BASH_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The longest argument Linux passes to a program, with its NUL (`MAX_ARG_STRLEN`).
+const MAX_ARG_LEN: usize = 32 * 4096;
+
+/// Environment variables a command never sees.
+const HIDDEN_ENV: [&str; 3] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "NOTIFY_SOCKET"];
+
+/// Keepers whose bash has exited but whose background processes may still run, with the
+/// worker's end of their socket: held until the worker exits (which closes it).
+static KEPT: Mutex<Vec<(Child, OwnedFd)>> = Mutex::new(Vec::new());
+
 /// Runs `bash{command}`. A non-zero exit is a normal result ending in `[exit code N]`; a
 /// timeout is an error result with the partial output.
 pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
@@ -29,75 +63,425 @@ pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(e),
     };
+    if command.len() >= MAX_ARG_LEN {
+        return ToolOutput::error(format!(
+            "command too long: {} bytes, and Linux passes at most {} in one argument; write \
+             it to a file with write_file and run that file",
+            command.len(),
+            MAX_ARG_LEN - 1
+        ));
+    }
+    reap_kept();
+    let exec = match Exec::new(command) {
+        Ok(e) => e,
+        Err(e) => return ToolOutput::error(e),
+    };
+    let (link, keeper_link) = match socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+    ) {
+        Ok(p) => p,
+        Err(e) => return ToolOutput::error(format!("failed to start bash: socketpair: {e}")),
+    };
+    let keeper_fd = keeper_link.as_raw_fd();
     let mut cmd = Command::new("bash");
-    cmd.arg("-c")
-        .arg(command)
-        .current_dir(wd.root())
+    cmd.current_dir(wd.root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("NOTIFY_SOCKET")
         .process_group(0);
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    // SAFETY: the closure runs in the child of a fork of a multi-threaded process; it makes
+    // only async-signal-safe system calls (clone, prctl, setpgid, execvpe, open, read, write,
+    // close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built before the
+    // fork.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+        cmd.pre_exec(move || start_keeper(&exec, keeper_fd));
     }
-    let mut child = match cmd.spawn() {
+    let mut keeper = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("failed to start bash: {e}")),
     };
-    let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+    drop(keeper_link);
     let pipes = [
-        child.stdout.take().map(OwnedFd::from),
-        child.stderr.take().map(OwnedFd::from),
+        keeper.stdout.take().map(OwnedFd::from),
+        keeper.stderr.take().map(OwnedFd::from),
     ];
-    let mut status = None;
-    let mut wait_error = None;
-    let [out, err] = collect(pipes, Instant::now() + timeout, &mut || {
-        if status.is_none() && wait_error.is_none() {
-            match child.try_wait() {
-                Ok(s) => status = s,
-                Err(e) => wait_error = Some(e),
-            }
+    let mut report = Report::default();
+    let [out, err] = collect(pipes, Instant::now() + timeout, &mut || report.check(&link));
+    let status = report.status;
+    if status.is_some() {
+        // Bash has exited; its keeper holds what runs on until the worker exits.
+        if let Ok(mut kept) = KEPT.lock() {
+            kept.push((keeper, link));
         }
-        status.is_some() || wait_error.is_some()
-    });
-    if let Some(e) = wait_error {
-        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-        let _ = child.wait();
-        return ToolOutput::error(format!("failed to wait for bash: {e}"));
+    } else {
+        // A timeout (or a keeper that died): closing the socket makes the keeper kill all.
+        drop(link);
+        end_keeper(&mut keeper);
     }
-    let timed_out = status.is_none();
-    // Whatever the command left running in its group goes with it (on a timeout, bash too).
-    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-    if timed_out {
-        status = child.wait().ok();
-    }
-    let mut outs = [out, err].into_iter();
-    let stdout = String::from_utf8_lossy(&outs.next().unwrap_or_default()).into_owned();
-    let stderr = String::from_utf8_lossy(&outs.next().unwrap_or_default()).into_owned();
+    let stdout = String::from_utf8_lossy(&out).into_owned();
+    let stderr = String::from_utf8_lossy(&err).into_owned();
     let mut text = match (stdout.is_empty(), stderr.is_empty()) {
         (_, true) => stdout,
         (true, false) => stderr,
         (false, false) => format!("{stdout}\n[stderr]\n{stderr}"),
     };
-    if timed_out {
+    let Some(status) = status else {
+        if report.keeper_gone {
+            return ToolOutput::error(cap_output(format!(
+                "bash was killed before it finished; partial output:\n{text}"
+            )));
+        }
         return ToolOutput::error(cap_output(format!(
             "command timed out after {} s and was killed; partial output:\n{text}",
             timeout.as_secs()
         )));
-    }
-    if let Some(code) = status.and_then(|s| s.code())
-        && code != 0
-    {
-        text.push_str(&format!("\n[exit code {code}]"));
+    };
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0 {
+        text.push_str(&format!("\n[exit code {}]", libc::WEXITSTATUS(status)));
+    } else if libc::WIFSIGNALED(status) {
+        text.push_str(&format!("\n[killed by signal {}]", libc::WTERMSIG(status)));
     }
     ToolOutput::ok(cap_output(text))
+}
+
+/// Waits for a keeper told to end (its kill rounds take about 3 s at most); one that does not
+/// end within 5 s is killed, which takes bash with it (its `PR_SET_PDEATHSIG`).
+fn end_keeper(keeper: &mut Child) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        if !matches!(keeper.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(TICK);
+    }
+    let _ = keeper.kill();
+    let _ = keeper.wait();
+}
+
+/// Reaps keepers that have exited by themselves (their processes all ended).
+fn reap_kept() {
+    if let Ok(mut kept) = KEPT.lock() {
+        kept.retain_mut(|(keeper, _)| matches!(keeper.try_wait(), Ok(None)));
+    }
+}
+
+/// What the keeper has said about bash so far.
+#[derive(Default)]
+struct Report {
+    bytes: Vec<u8>,
+    /// bash's wait status, once it has exited.
+    status: Option<i32>,
+    /// The keeper closed its end without a status: it was killed.
+    keeper_gone: bool,
+}
+
+impl Report {
+    /// Reads what the keeper sent (without blocking); true once bash has exited or the
+    /// keeper is gone.
+    fn check(&mut self, link: &OwnedFd) -> bool {
+        let mut buf = [0u8; 16];
+        while self.status.is_none() && !self.keeper_gone {
+            match nix::unistd::read(link, &mut buf) {
+                Ok(0) => self.keeper_gone = true,
+                Ok(n) => {
+                    self.bytes.extend_from_slice(&buf[..n]);
+                    if let Some(s) = self.bytes.first_chunk::<4>() {
+                        self.status = Some(i32::from_ne_bytes(*s));
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(_) => self.keeper_gone = true,
+            }
+        }
+        self.status.is_some() || self.keeper_gone
+    }
+}
+
+/// `bash -c COMMAND` with the worker's environment minus [`HIDDEN_ENV`], as the C strings
+/// `execvpe` takes, built before the fork (the child may not allocate).
+struct Exec {
+    _strings: Vec<CString>,
+    /// Null-terminated arrays of pointers into `_strings` (as `usize`, so the closure that
+    /// owns them is `Send`).
+    argv: Vec<usize>,
+    envp: Vec<usize>,
+}
+
+impl Exec {
+    fn new(command: &str) -> Result<Exec, String> {
+        let cstr = |b: &[u8]| CString::new(b).map_err(|_| "command contains a NUL byte".to_owned());
+        let args = [cstr(b"bash")?, cstr(b"-c")?, cstr(command.as_bytes())?];
+        let mut env = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            if HIDDEN_ENV.iter().any(|h| OsStr::new(h) == k) {
+                continue;
+            }
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            if let Ok(c) = CString::new(kv) {
+                env.push(c);
+            }
+        }
+        let ptrs = |v: &[CString]| {
+            let mut p: Vec<usize> = v.iter().map(|c| c.as_ptr() as usize).collect();
+            p.push(0);
+            p
+        };
+        let argv = ptrs(&args);
+        let envp = ptrs(&env);
+        // Moved, not cloned: the pointers above point into these very buffers.
+        let mut strings = Vec::from(args);
+        strings.extend(env);
+        Ok(Exec {
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+}
+
+/// In the forked child: becomes the keeper and forks bash. Never returns in the keeper
+/// (it `_exit`s), nor in bash (it execs or `_exit`s 127).
+fn start_keeper(exec: &Exec, link: RawFd) -> std::io::Result<()> {
+    // SAFETY: async-signal-safe calls on plain integers and on memory built before the fork.
+    unsafe {
+        let me = libc::getpid();
+        // Nothing inherited but the pipes (0-2) and the link: not the spawn's error pipe
+        // (spawn() waits for it to close), not another command's socket.
+        close_from(3, link);
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        // A raw clone rather than fork(3): glibc's fork runs atfork handlers and takes
+        // malloc's locks, which a thread of the worker that does not exist in this copy may
+        // hold; that would hang here for good.
+        let bash = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0)
+            as libc::pid_t;
+        if bash < 0 {
+            say(b"failed to start bash: fork failed\n");
+            libc::_exit(127);
+        }
+        if bash == 0 {
+            libc::setpgid(0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != me {
+                libc::_exit(127);
+            }
+            libc::execvpe(
+                exec.argv[0] as *const libc::c_char,
+                exec.argv.as_ptr().cast(),
+                exec.envp.as_ptr().cast(),
+            );
+            say(b"failed to start bash: exec failed (is bash installed and on PATH?)\n");
+            libc::_exit(127);
+        }
+        keep(me, bash, link)
+    }
+}
+
+/// Writes `msg` to stderr (async-signal-safe).
+fn say(msg: &[u8]) {
+    // SAFETY: write(2) of a live buffer.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+    }
+}
+
+/// Closes every descriptor from `from` up, except `keep`.
+///
+/// # Safety
+/// Only in a forked child: it closes descriptors other code may think it owns.
+unsafe fn close_from(from: RawFd, keep: RawFd) {
+    // SAFETY: plain syscalls on integers.
+    unsafe {
+        let ranges = [(from, keep - 1), (keep + 1, libc::c_int::MAX)];
+        for (lo, hi) in ranges {
+            if lo > hi {
+                continue;
+            }
+            if libc::syscall(
+                libc::SYS_close_range,
+                lo as libc::c_uint,
+                hi as libc::c_uint,
+                0,
+            ) != 0
+            {
+                // Kernels before 5.9: close what a worker plausibly has open.
+                for fd in lo..hi.min(4096) {
+                    libc::close(fd);
+                }
+            }
+        }
+    }
+}
+
+/// The keeper's life: reports bash's wait status on `link`, reaps whatever is re-parented to
+/// it, and when the worker closes `link` (or dies) kills everything under it and exits.
+/// If bash has exited and nothing else is left, it exits by itself.
+///
+/// # Safety
+/// Only in the keeper (a forked child); async-signal-safe calls only.
+unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd) -> ! {
+    // SAFETY: async-signal-safe calls on plain integers and stack buffers.
+    unsafe {
+        // Off the worker's pipes, so their EOF depends on the command alone.
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+        // The worker ends this process by closing the link, nothing else; a write to a closed
+        // link must not kill it either.
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let mut status = 0;
+        let mut bash_done = false;
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: link,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let r = libc::poll(&mut pfd, 1, 20);
+            let poll_errno = Errno::last();
+            if reap(bash, &mut status, &mut bash_done, link) && bash_done {
+                // Nothing left under the keeper.
+                libc::_exit(exit_code(status));
+            }
+            if r > 0 {
+                let mut buf = [0u8; 64];
+                let n = libc::read(link, buf.as_mut_ptr().cast(), buf.len());
+                if n == 0 || (n < 0 && !matches!(Errno::last(), Errno::EINTR | Errno::EAGAIN)) {
+                    break;
+                }
+            } else if r < 0 && poll_errno != Errno::EINTR {
+                break;
+            }
+        }
+        kill_all(me, bash);
+        libc::_exit(exit_code(status))
+    }
+}
+
+/// Reaps every child that has ended, sending bash's status on `link`; true when the keeper
+/// has no children left.
+///
+/// # Safety
+/// Only in the keeper.
+unsafe fn reap(bash: libc::pid_t, status: &mut i32, bash_done: &mut bool, link: RawFd) -> bool {
+    // SAFETY: waitpid and write on plain integers and stack buffers.
+    unsafe {
+        loop {
+            let mut st = 0;
+            let p = libc::waitpid(-1, &mut st, libc::WNOHANG);
+            if p < 0 {
+                return Errno::last() == Errno::ECHILD;
+            }
+            if p == 0 {
+                return false;
+            }
+            if p == bash {
+                *status = st;
+                *bash_done = true;
+                let b = st.to_ne_bytes();
+                libc::write(link, b.as_ptr().cast(), b.len());
+            }
+        }
+    }
+}
+
+/// SIGKILLs every process under the keeper, round after round (a killed process's children
+/// are re-parented to the keeper), until none is left or about 3 s have passed.
+///
+/// # Safety
+/// Only in the keeper.
+unsafe fn kill_all(me: libc::pid_t, bash: libc::pid_t) {
+    // "/proc/self/task/<me>/children", built without allocating.
+    let mut path = [0u8; 64];
+    let mut len = 0;
+    let (me_digits, me_len) = digits(me as u64);
+    for part in [
+        &b"/proc/self/task/"[..],
+        &me_digits[..me_len],
+        b"/children\0",
+    ] {
+        path[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    let mut done = false;
+    let mut unused = 0;
+    // SAFETY: async-signal-safe calls on plain integers and stack buffers.
+    unsafe {
+        for _ in 0..300 {
+            libc::kill(-bash, libc::SIGKILL);
+            let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd >= 0 {
+                let mut buf = [0u8; 4096];
+                let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+                libc::close(fd);
+                let mut pid: libc::pid_t = 0;
+                for &c in buf.iter().take(n.max(0) as usize) {
+                    if c.is_ascii_digit() {
+                        pid = pid * 10 + libc::pid_t::from(c - b'0');
+                    } else {
+                        if pid > 0 {
+                            libc::kill(pid, libc::SIGKILL);
+                        }
+                        pid = 0;
+                    }
+                }
+                if pid > 0 {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+            if reap(bash, &mut unused, &mut done, -1) {
+                return;
+            }
+            libc::poll(std::ptr::null_mut(), 0, 10);
+        }
+    }
+}
+
+/// The decimal digits of `n` and how many there are.
+fn digits(mut n: u64) -> ([u8; 20], usize) {
+    let mut rev = [0u8; 20];
+    let mut len = 0;
+    loop {
+        rev[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut out = [0u8; 20];
+    for i in 0..len {
+        out[i] = rev[len - 1 - i];
+    }
+    (out, len)
+}
+
+/// The keeper's exit code for bash's wait status: bash's code, or 128 + the signal.
+fn exit_code(status: i32) -> i32 {
+    if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        libc::WEXITSTATUS(status)
+    }
 }
 
 /// How long output is still read once bash has exited. A background job or a daemon the
@@ -195,7 +579,11 @@ mod tests {
         let (_t, w) = wd();
         let out = bash(&w, &json!({"command": "pwd; exit 3"}), BASH_TIMEOUT);
         assert!(!out.is_error);
-        assert!(out.content.contains(w.root().to_str().unwrap()));
+        assert!(
+            out.content.contains(w.root().to_str().unwrap()),
+            "{}",
+            out.content
+        );
         assert!(out.content.ends_with("[exit code 3]"));
     }
 
@@ -298,6 +686,37 @@ mod bounds {
         );
         assert_eq!(out.content.len(), 40006);
         assert!(out.content.ends_with("a\ntail\n"));
+    }
+
+    #[test]
+    fn a_command_too_long_for_exec_is_an_error_that_says_so() {
+        let long = format!("echo {}", "a".repeat(200_000));
+        let (out, took) = bash_within(&long, BASH_TIMEOUT, Duration::from_secs(10));
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert!(
+            out.is_error && out.content.contains("too long"),
+            "{}",
+            &out.content[..out.content.len().min(300)]
+        );
+    }
+
+    #[test]
+    fn a_timeout_kills_what_left_the_group_too() {
+        let t = tempfile::tempdir().unwrap();
+        let w = Workdir::new(t.path()).unwrap();
+        let out = bash(
+            &w,
+            &json!({"command": "setsid sleep 30 & echo $! > pid; sleep 30"}),
+            Duration::from_secs(1),
+        );
+        assert!(out.is_error, "{}", out.content);
+        let pid = std::fs::read_to_string(t.path().join("pid")).unwrap();
+        let gone = || !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists();
+        let t0 = Instant::now();
+        while !gone() && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(gone(), "the daemon {} outlived the timeout", pid.trim());
     }
 
     #[test]
