@@ -1,8 +1,9 @@
 //! The `bash` tool: a command in the working directory, with a timeout and an output cap.
 //!
-//! API keys and `NOTIFY_SOCKET` are removed from the command's environment. There is no
-//! denylist of command strings: confinement is the working directory and the process boundary,
-//! not substring matching.
+//! API keys, where key files are, `NOTIFY_SOCKET` and troupe's own build settings are removed
+//! from the command's environment (so the tests of a troupe checkout, run by an agent, start
+//! their own workers). There is no denylist of command strings: confinement is the working
+//! directory and the process boundary, not substring matching.
 //!
 //! No process a command starts outlives the worker, and none blocks the call:
 //!
@@ -50,7 +51,16 @@ pub const BASH_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_ARG_LEN: usize = 32 * 4096;
 
 /// Environment variables a command never sees.
-const HIDDEN_ENV: [&str; 3] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "NOTIFY_SOCKET"];
+const HIDDEN_ENV: [&str; 8] = [
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY_FILE",
+    "OPENAI_API_KEY_FILE",
+    "CREDENTIALS_DIRECTORY",
+    "NOTIFY_SOCKET",
+    "TROUPE_BUILD_ID",
+    "TROUPE_WORKER",
+];
 
 /// Keepers whose bash has exited but whose background processes may still run, with the
 /// worker's end of their socket: held until the worker exits (which closes it).
