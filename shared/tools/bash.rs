@@ -25,12 +25,11 @@
 //!   socket until the worker exits, at which point the keeper kills them. A keeper whose
 //!   processes have all ended exits by itself and is reaped at the next call.
 //!
-//! Only a SIGKILL of the keeper itself (no code runs) lets bash's descendants escape: bash
-//! dies with it, what bash started is re-parented to init.
+//! The keeper's code is in the `keeper` module beside this one. Only a SIGKILL of the keeper
+//! itself (no code runs) lets bash's descendants escape: bash dies with it, what bash started
+//! is re-parented to init.
 
-use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -41,6 +40,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use serde_json::Value;
 
+use super::keeper::{Exec, start_keeper};
 use super::{ToolOutput, cap_output, check_input, input_str};
 use crate::tools::fs::Workdir;
 
@@ -51,7 +51,7 @@ pub const BASH_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_ARG_LEN: usize = 32 * 4096;
 
 /// Environment variables a command never sees.
-const HIDDEN_ENV: [&str; 8] = [
+pub(super) const HIDDEN_ENV: [&str; 8] = [
     "ANTHROPIC_API_KEY",
     "OPENAI_API_KEY",
     "ANTHROPIC_API_KEY_FILE",
@@ -208,289 +208,6 @@ impl Report {
             }
         }
         self.status.is_some() || self.keeper_gone
-    }
-}
-
-/// `bash -c COMMAND` with the worker's environment minus [`HIDDEN_ENV`], as the C strings
-/// `execvpe` takes, built before the fork (the child may not allocate).
-struct Exec {
-    _strings: Vec<CString>,
-    /// Null-terminated arrays of pointers into `_strings` (as `usize`, so the closure that
-    /// owns them is `Send`).
-    argv: Vec<usize>,
-    envp: Vec<usize>,
-}
-
-impl Exec {
-    fn new(command: &str) -> Result<Exec, String> {
-        let cstr = |b: &[u8]| CString::new(b).map_err(|_| "command contains a NUL byte".to_owned());
-        let args = [cstr(b"bash")?, cstr(b"-c")?, cstr(command.as_bytes())?];
-        let mut env = Vec::new();
-        for (k, v) in std::env::vars_os() {
-            if HIDDEN_ENV.iter().any(|h| OsStr::new(h) == k) {
-                continue;
-            }
-            let mut kv = k.as_bytes().to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            if let Ok(c) = CString::new(kv) {
-                env.push(c);
-            }
-        }
-        let ptrs = |v: &[CString]| {
-            let mut p: Vec<usize> = v.iter().map(|c| c.as_ptr() as usize).collect();
-            p.push(0);
-            p
-        };
-        let argv = ptrs(&args);
-        let envp = ptrs(&env);
-        // Moved, not cloned: the pointers above point into these very buffers.
-        let mut strings = Vec::from(args);
-        strings.extend(env);
-        Ok(Exec {
-            _strings: strings,
-            argv,
-            envp,
-        })
-    }
-}
-
-/// In the forked child: becomes the keeper and forks bash. Never returns in the keeper
-/// (it `_exit`s), nor in bash (it execs or `_exit`s 127).
-fn start_keeper(exec: &Exec, link: RawFd) -> std::io::Result<()> {
-    // SAFETY: async-signal-safe calls on plain integers and on memory built before the fork.
-    unsafe {
-        let me = libc::getpid();
-        // Nothing inherited but the pipes (0-2) and the link: not the spawn's error pipe
-        // (spawn() waits for it to close), not another command's socket.
-        close_from(3, link);
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
-        // A raw clone rather than fork(3): glibc's fork runs atfork handlers and takes
-        // malloc's locks, which a thread of the worker that does not exist in this copy may
-        // hold; that would hang here for good.
-        let bash = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0)
-            as libc::pid_t;
-        if bash < 0 {
-            say(b"failed to start bash: fork failed\n");
-            libc::_exit(127);
-        }
-        if bash == 0 {
-            libc::setpgid(0, 0);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != me {
-                libc::_exit(127);
-            }
-            libc::execvpe(
-                exec.argv[0] as *const libc::c_char,
-                exec.argv.as_ptr().cast(),
-                exec.envp.as_ptr().cast(),
-            );
-            say(b"failed to start bash: exec failed (is bash installed and on PATH?)\n");
-            libc::_exit(127);
-        }
-        keep(me, bash, link)
-    }
-}
-
-/// Writes `msg` to stderr (async-signal-safe).
-fn say(msg: &[u8]) {
-    // SAFETY: write(2) of a live buffer.
-    unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
-    }
-}
-
-/// Closes every descriptor from `from` up, except `keep`.
-///
-/// # Safety
-/// Only in a forked child: it closes descriptors other code may think it owns.
-unsafe fn close_from(from: RawFd, keep: RawFd) {
-    // SAFETY: plain syscalls on integers.
-    unsafe {
-        let ranges = [(from, keep - 1), (keep + 1, libc::c_int::MAX)];
-        for (lo, hi) in ranges {
-            if lo > hi {
-                continue;
-            }
-            if libc::syscall(
-                libc::SYS_close_range,
-                lo as libc::c_uint,
-                hi as libc::c_uint,
-                0,
-            ) != 0
-            {
-                // Kernels before 5.9: close what a worker plausibly has open.
-                for fd in lo..hi.min(4096) {
-                    libc::close(fd);
-                }
-            }
-        }
-    }
-}
-
-/// The keeper's life: reports bash's wait status on `link`, reaps whatever is re-parented to
-/// it, and when the worker closes `link` (or dies) kills everything under it and exits.
-/// If bash has exited and nothing else is left, it exits by itself.
-///
-/// # Safety
-/// Only in the keeper (a forked child); async-signal-safe calls only.
-unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd) -> ! {
-    // SAFETY: async-signal-safe calls on plain integers and stack buffers.
-    unsafe {
-        // Off the worker's pipes, so their EOF depends on the command alone.
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            for fd in 0..3 {
-                libc::dup2(null, fd);
-            }
-            if null > 2 {
-                libc::close(null);
-            }
-        }
-        // The worker ends this process by closing the link, nothing else; a write to a closed
-        // link must not kill it either.
-        for sig in [
-            libc::SIGTERM,
-            libc::SIGINT,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGPIPE,
-        ] {
-            libc::signal(sig, libc::SIG_IGN);
-        }
-        let mut status = 0;
-        let mut bash_done = false;
-        loop {
-            let mut pfd = libc::pollfd {
-                fd: link,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let r = libc::poll(&mut pfd, 1, 20);
-            let poll_errno = Errno::last();
-            if reap(bash, &mut status, &mut bash_done, link) && bash_done {
-                // Nothing left under the keeper.
-                libc::_exit(exit_code(status));
-            }
-            if r > 0 {
-                let mut buf = [0u8; 64];
-                let n = libc::read(link, buf.as_mut_ptr().cast(), buf.len());
-                if n == 0 || (n < 0 && !matches!(Errno::last(), Errno::EINTR | Errno::EAGAIN)) {
-                    break;
-                }
-            } else if r < 0 && poll_errno != Errno::EINTR {
-                break;
-            }
-        }
-        kill_all(me, bash);
-        libc::_exit(exit_code(status))
-    }
-}
-
-/// Reaps every child that has ended, sending bash's status on `link`; true when the keeper
-/// has no children left.
-///
-/// # Safety
-/// Only in the keeper.
-unsafe fn reap(bash: libc::pid_t, status: &mut i32, bash_done: &mut bool, link: RawFd) -> bool {
-    // SAFETY: waitpid and write on plain integers and stack buffers.
-    unsafe {
-        loop {
-            let mut st = 0;
-            let p = libc::waitpid(-1, &mut st, libc::WNOHANG);
-            if p < 0 {
-                return Errno::last() == Errno::ECHILD;
-            }
-            if p == 0 {
-                return false;
-            }
-            if p == bash {
-                *status = st;
-                *bash_done = true;
-                let b = st.to_ne_bytes();
-                libc::write(link, b.as_ptr().cast(), b.len());
-            }
-        }
-    }
-}
-
-/// SIGKILLs every process under the keeper, round after round (a killed process's children
-/// are re-parented to the keeper), until none is left or about 3 s have passed.
-///
-/// # Safety
-/// Only in the keeper.
-unsafe fn kill_all(me: libc::pid_t, bash: libc::pid_t) {
-    // "/proc/self/task/<me>/children", built without allocating.
-    let mut path = [0u8; 64];
-    let mut len = 0;
-    let (me_digits, me_len) = digits(me as u64);
-    for part in [
-        &b"/proc/self/task/"[..],
-        &me_digits[..me_len],
-        b"/children\0",
-    ] {
-        path[len..len + part.len()].copy_from_slice(part);
-        len += part.len();
-    }
-    let mut done = false;
-    let mut unused = 0;
-    // SAFETY: async-signal-safe calls on plain integers and stack buffers.
-    unsafe {
-        for _ in 0..300 {
-            libc::kill(-bash, libc::SIGKILL);
-            let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd >= 0 {
-                let mut buf = [0u8; 4096];
-                let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-                libc::close(fd);
-                let mut pid: libc::pid_t = 0;
-                for &c in buf.iter().take(n.max(0) as usize) {
-                    if c.is_ascii_digit() {
-                        pid = pid * 10 + libc::pid_t::from(c - b'0');
-                    } else {
-                        if pid > 0 {
-                            libc::kill(pid, libc::SIGKILL);
-                        }
-                        pid = 0;
-                    }
-                }
-                if pid > 0 {
-                    libc::kill(pid, libc::SIGKILL);
-                }
-            }
-            if reap(bash, &mut unused, &mut done, -1) {
-                return;
-            }
-            libc::poll(std::ptr::null_mut(), 0, 10);
-        }
-    }
-}
-
-/// The decimal digits of `n` and how many there are.
-fn digits(mut n: u64) -> ([u8; 20], usize) {
-    let mut rev = [0u8; 20];
-    let mut len = 0;
-    loop {
-        rev[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let mut out = [0u8; 20];
-    for i in 0..len {
-        out[i] = rev[len - 1 - i];
-    }
-    (out, len)
-}
-
-/// The keeper's exit code for bash's wait status: bash's code, or 128 + the signal.
-fn exit_code(status: i32) -> i32 {
-    if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        libc::WEXITSTATUS(status)
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod bash;
 pub mod fs;
+mod keeper;
 
 use serde_json::{Map, Value, json};
 
