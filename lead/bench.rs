@@ -482,7 +482,10 @@ fn team_bench(
         .unwrap_or(0);
     eprintln!("team: stopping the supervisor ({left} workers running)");
     let stop = sup.stop();
-    let survivors = pids_seen.iter().filter(|&&p| alive(p)).count();
+    let survivors = pids_seen
+        .iter()
+        .filter(|&&p| troupe::liveness::pid_alive(p))
+        .count();
     out.push((
         "team_stop",
         section(stop.map(|d| {
@@ -495,16 +498,6 @@ fn team_bench(
         })),
     ));
     Ok(out)
-}
-
-/// Whether process `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        // The state follows the parenthesized command name, which may itself hold spaces.
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|st| st != "Z" && st != "X")
-    })
 }
 
 fn section(r: anyhow::Result<Value>) -> Value {

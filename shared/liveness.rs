@@ -109,11 +109,14 @@ pub fn describe(d: &Doing, now: f64) -> String {
     }
 }
 
-/// Whether `pid` is a live process (a zombie waiting for its reaper counts as gone).
+/// Whether `pid` is a live process: it exists and is neither a zombie waiting for its reaper
+/// nor dead.
 pub fn pid_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        // The state follows the parenthesized command name, which may itself hold spaces.
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X")
     })
 }
 
