@@ -9,6 +9,7 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Child;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -19,6 +20,7 @@ use troupe::agent::lead::{Lead, LeadSettings, Next, Shown, TurnEnd};
 use troupe::fsutil::HeldLock;
 use troupe::llm::{self, LlmError, Provider};
 use troupe::message::Message;
+use troupe::sandbox::Sandbox;
 use troupe::tools;
 use troupe::wait::{InboxWaiter, Signals, Wake};
 use troupe::{AgentName, TeamDir};
@@ -48,6 +50,9 @@ pub struct ChatArgs {
     pub context_chars: usize,
     #[arg(long, default_value_t = 8192)]
     pub max_tokens: u32,
+    /// The sandbox of the lead's bash, and of the workers of a supervisor chat starts.
+    #[command(flatten)]
+    pub sandbox: troupe::sandbox::Settings,
 }
 
 /// Environment settings that override the process environment for the lead's provider and for
@@ -80,12 +85,14 @@ impl OwnSupervisor {
     pub fn start_if_needed(
         team: &TeamDir,
         workdir: &Path,
+        sandbox: &troupe::sandbox::Settings,
         env: &EnvOverlay,
     ) -> anyhow::Result<Option<OwnSupervisor>> {
         if HeldLock::is_held(&team.lead_lock())? {
             return Ok(None);
         }
-        let args = vec!["--workdir".to_owned(), workdir.display().to_string()];
+        let mut args = vec!["--workdir".to_owned(), workdir.display().to_string()];
+        args.extend(sandbox.to_args().map_err(anyhow::Error::msg)?);
         let child = supervisor::start_background(team, &args, &env.0, Attach::Child)?;
         Ok(Some(OwnSupervisor { child }))
     }
@@ -123,6 +130,7 @@ fn settings(team: &TeamDir, workdir: &Path, a: &ChatArgs) -> LeadSettings {
         context_chars: a.context_chars,
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(120),
+        sandbox: Arc::new(Sandbox::prepare(&a.sandbox, workdir, team.root(), "lead")),
     }
 }
 
@@ -147,7 +155,7 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
         provider,
         signals.term.clone(),
     )?;
-    let own = OwnSupervisor::start_if_needed(&team, &workdir, &env)?;
+    let own = OwnSupervisor::start_if_needed(&team, &workdir, &a.sandbox, &env)?;
     let result = match &a.prompt {
         Some(p) => unattended(&mut lead, p, &signals, &mut print_shown),
         None => repl(&mut lead, &team, &signals),

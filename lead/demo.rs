@@ -23,6 +23,7 @@ use troupe::agent::lead::{Lead, LeadSettings, Shown};
 use troupe::config::{Member, MemberStatus, Roster};
 use troupe::events;
 use troupe::requests::RequestStore;
+use troupe::sandbox::Sandbox;
 use troupe::{TeamDir, fsutil};
 
 use crate::chat::{self, EnvOverlay, OwnSupervisor};
@@ -51,6 +52,8 @@ pub struct DemoArgs {
     /// pace (0 for as fast as possible).
     #[arg(long, default_value_t = 100)]
     pace_ms: u64,
+    #[command(flatten)]
+    sandbox: troupe::sandbox::Settings,
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
@@ -121,9 +124,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
         context_chars: 400_000,
         max_tokens: 4096,
         bash_timeout: Duration::from_secs(120),
+        sandbox: Arc::new(Sandbox::prepare(&a.sandbox, &workdir, team.root(), "lead")),
     };
     let mut lead = Lead::open(settings, provider, signals.term.clone())?;
-    let own = OwnSupervisor::start_if_needed(&team, &workdir, &env)?;
+    let own = OwnSupervisor::start_if_needed(&team, &workdir, &a.sandbox, &env)?;
     let stop = Arc::new(AtomicBool::new(false));
     let (said, heard) = mpsc::channel::<Line>();
     let tail = {

@@ -207,6 +207,9 @@ pub struct Member {
     /// When the member's own process last wrote its record: its last sign of life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<f64>,
+    /// The sandbox its commands run in, as its process found it at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<crate::sandbox::Status>,
     /// Fields written by other versions, kept as they were.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -234,6 +237,7 @@ impl Member {
             updated_at: None,
             activity: None,
             last_seen: None,
+            sandbox: None,
             extra: Map::new(),
         }
     }

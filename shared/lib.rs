@@ -18,6 +18,7 @@ pub mod mail;
 pub mod message;
 pub mod ops;
 pub mod requests;
+pub mod sandbox;
 pub mod teamdir;
 pub mod tools;
 pub mod transcript;

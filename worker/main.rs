@@ -56,6 +56,8 @@ struct Args {
     /// start at 1 s and double up to this).
     #[arg(long, env = "TROUPE_API_WAIT_MAX_SECS", default_value_t = 30.0, value_parser = parse_secs)]
     api_wait_max: f64,
+    #[command(flatten)]
+    sandbox: troupe::sandbox::Settings,
 }
 
 /// A positive number of seconds, at most a day.
@@ -159,6 +161,12 @@ fn run(a: Args) -> anyhow::Result<u8> {
         Some(w) => w,
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
+    let sandbox = std::sync::Arc::new(troupe::sandbox::Sandbox::prepare(
+        &a.sandbox,
+        &workdir,
+        team.root(),
+        name.as_str(),
+    ));
     let settings = Settings {
         team,
         name,
@@ -168,6 +176,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(a.bash_timeout),
         api_wait_max: Duration::from_secs_f64(a.api_wait_max),
+        sandbox,
     };
     let mut mate = match Teammate::open(settings, provider, signals.term.clone(), &_alive) {
         Ok(m) => m,

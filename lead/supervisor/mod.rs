@@ -80,6 +80,8 @@ pub struct RunArgs {
     /// The longest wait before a restart, in seconds.
     #[arg(long, default_value_t = 60.0, value_parser = parse_secs)]
     restart_delay_max: f64,
+    #[command(flatten)]
+    pub sandbox: troupe::sandbox::Settings,
 }
 
 impl RunArgs {
@@ -100,6 +102,7 @@ impl RunArgs {
             restart_window,
             restart_delay,
             restart_delay_max,
+            sandbox,
         } = self;
         let mut args: Vec<String> = [
             ("--stop-timeout", stop_timeout.to_string()),
@@ -116,6 +119,7 @@ impl RunArgs {
             let w = w.to_str().context("--workdir is not valid UTF-8")?;
             args.extend(["--workdir".to_owned(), w.to_owned()]);
         }
+        args.extend(sandbox.to_args().map_err(anyhow::Error::msg)?);
         Ok(args)
     }
 }
@@ -191,6 +195,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
+    // The flags handed to every worker must be expressible (UTF-8 paths).
+    args.to_args()?;
     let worker_exe = crate::worker_exe::resolve(&team)?;
     let signals = Arc::new(AtomicUsize::new(0));
     let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;

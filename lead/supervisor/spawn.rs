@@ -78,6 +78,8 @@ impl Supervisor {
             .args(["--name", name])
             .arg("--workdir")
             .arg(&self.workdir)
+            // Checked to be UTF-8 when `lead run` started.
+            .args(self.args.sandbox.to_args().unwrap_or_default())
             .current_dir(&self.workdir)
             .env("TROUPE_PARENT_PID", std::process::id().to_string())
             .env_remove("NOTIFY_SOCKET")

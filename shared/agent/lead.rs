@@ -48,6 +48,8 @@ pub struct LeadSettings {
     pub context_chars: usize,
     pub max_tokens: u32,
     pub bash_timeout: Duration,
+    /// The sandbox of its `bash` commands.
+    pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
 }
 
 /// What the lead did, for whoever shows it (the REPL, the demo timeline).
@@ -383,7 +385,7 @@ impl Lead {
                 Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
             };
             return match name {
-                "bash" => tools::bash::bash(&wd, input, self.s.bash_timeout),
+                "bash" => tools::bash::bash(&wd, &self.s.sandbox, input, self.s.bash_timeout),
                 "read_file" => tools::fs::read_file(&wd, input),
                 "write_file" => tools::fs::write_file(&wd, input),
                 _ => tools::fs::edit_file(&wd, input),

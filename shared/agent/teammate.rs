@@ -42,6 +42,8 @@ pub struct Settings {
     pub context_chars: usize,
     pub max_tokens: u32,
     pub bash_timeout: Duration,
+    /// The sandbox of its `bash` commands.
+    pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
     /// The longest wait between tries while the model API is down (see [`outage`]).
     pub api_wait_max: Duration,
 }
@@ -128,6 +130,8 @@ impl Teammate {
             term,
         };
         t.gate_open = t.plan_approved()?;
+        let sandbox = t.s.sandbox.status().clone();
+        t.write(move |m| m.sandbox = Some(sandbox.clone()));
         Ok(t)
     }
 
@@ -586,7 +590,7 @@ impl Teammate {
             Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
         };
         match name {
-            "bash" => tools::bash::bash(&wd, input, self.s.bash_timeout),
+            "bash" => tools::bash::bash(&wd, &self.s.sandbox, input, self.s.bash_timeout),
             "read_file" => tools::fs::read_file(&wd, input),
             "write_file" => tools::fs::write_file(&wd, input),
             "edit_file" => tools::fs::edit_file(&wd, input),

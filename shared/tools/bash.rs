@@ -42,6 +42,7 @@ use serde_json::Value;
 
 use super::keeper::{Exec, start_keeper};
 use super::{ToolOutput, cap_output, check_input, input_str};
+use crate::sandbox::Sandbox;
 use crate::tools::fs::Workdir;
 
 /// Default timeout of one command.
@@ -68,7 +69,7 @@ static KEPT: Mutex<Vec<(Child, OwnedFd)>> = Mutex::new(Vec::new());
 
 /// Runs `bash{command}`. A non-zero exit is a normal result ending in `[exit code N]`; a
 /// timeout is an error result with the partial output.
-pub fn bash(wd: &Workdir, input: &Value, timeout: Duration) -> ToolOutput {
+pub fn bash(wd: &Workdir, _sandbox: &Sandbox, input: &Value, timeout: Duration) -> ToolOutput {
     let command = match check_input(input).and_then(|_| input_str(input, "command")) {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(e),
@@ -304,7 +305,12 @@ mod tests {
     #[test]
     fn runs_in_workdir_with_exit_code() {
         let (_t, w) = wd();
-        let out = bash(&w, &json!({"command": "pwd; exit 3"}), BASH_TIMEOUT);
+        let out = bash(
+            &w,
+            &Sandbox::off(),
+            &json!({"command": "pwd; exit 3"}),
+            BASH_TIMEOUT,
+        );
         assert!(!out.is_error);
         assert!(
             out.content.contains(w.root().to_str().unwrap()),
@@ -320,6 +326,7 @@ mod tests {
         let t0 = Instant::now();
         let out = bash(
             &w,
+            &Sandbox::off(),
             &json!({"command": "echo started; sleep 30 & sleep 30"}),
             Duration::from_secs(1),
         );
@@ -337,6 +344,7 @@ mod tests {
         let (_t, w) = wd();
         let out = bash(
             &w,
+            &Sandbox::off(),
             &json!({"command": "head -c 60000 /dev/zero | tr '\\0' a"}),
             BASH_TIMEOUT,
         );
@@ -350,6 +358,7 @@ mod tests {
         unsafe { std::env::set_var("ANTHROPIC_API_KEY", "sk-secret-test") };
         let out = bash(
             &w,
+            &Sandbox::off(),
             &json!({"command": "echo key=${ANTHROPIC_API_KEY:-none}"}),
             BASH_TIMEOUT,
         );
@@ -372,7 +381,7 @@ mod bounds {
         let command = command.to_owned();
         std::thread::spawn(move || {
             let t0 = Instant::now();
-            let out = bash(&w, &json!({ "command": command }), timeout);
+            let out = bash(&w, &Sandbox::off(), &json!({ "command": command }), timeout);
             let _ = tx.send((out, t0.elapsed()));
             drop(t);
         });
@@ -433,6 +442,7 @@ mod bounds {
         let w = Workdir::new(t.path()).unwrap();
         let out = bash(
             &w,
+            &Sandbox::off(),
             &json!({"command": "setsid sleep 30 & echo $! > pid; sleep 30"}),
             Duration::from_secs(1),
         );
