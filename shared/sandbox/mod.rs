@@ -1,13 +1,40 @@
 //! The sandbox of the `bash` tool: what a command an agent runs can see and touch.
 //!
-//! (Skeleton: the settings and the status shown in `config.json` and `lead status --json`.
-//! The confinement itself lands in the modules beside this one.)
+//! Each command runs, where the kernel offers it (see README, "Security model"):
+//!
+//! - in new **user, PID and mount namespaces** (PID and mount only, as root without user
+//!   namespaces): its own `/proc` shows only its own processes, so no other process's
+//!   environment or memory can be read; `/run` (the service manager's and D-Bus's sockets) and
+//!   `/dev/shm` are empty, `/tmp` is the agent's private temp dir, the team dir is covered by an
+//!   empty read-only tmpfs and key files by `/dev/null`;
+//! - under **Landlock**: reads only in the system's trees (`/usr`, `/etc`, `/bin`, `/lib`...,
+//!   `/sys`), writes only in the working dir and the private temp dir (plus `/dev/null` and the
+//!   like), plus the dirs the user adds; signals and abstract unix sockets stay inside (ABI 6);
+//! - with **no capabilities** and no new privileges: as root, as `nobody` (a setting) or, when
+//!   that user cannot use the working dir, as root of its own user namespace with every
+//!   capability dropped; otherwise as the worker's own user.
+//!
+//! The worker probes once, at start, which of these work here ([`Sandbox::prepare`]) and
+//! records the result in its member's `sandbox` status. The plan of the children is built
+//! before any fork ([`plan`]); the children's system calls are in [`enter`], run by the keeper
+//! (`crate::tools::keeper`).
+
+pub(crate) mod enter;
+pub(crate) mod plan;
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 
+use landlock::{
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, Scope,
+};
 use serde::{Deserialize, Serialize};
+
+use plan::{Facts, Namespaces, Plan, RunAs};
 
 /// How hard the sandbox is insisted on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,24 +184,68 @@ impl Status {
     }
 }
 
+/// The system trees commands may read (and execute), where they exist.
+const SYSTEM_TREES: [&str; 10] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys",
+];
+
+/// Device files commands may read and write.
+const DEVICES: [&str; 6] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// The uid and gid of `nobody` where the user database does not say.
+const NOBODY: (libc::uid_t, libc::gid_t) = (65534, 65534);
+
 /// The sandbox of one agent's commands, prepared once when the agent starts.
 #[derive(Debug)]
 pub struct Sandbox {
     status: Status,
+    /// What each command's children do; `None` with `--sandbox off`, or when nothing could be
+    /// set up at all.
+    plan: Option<Arc<Plan>>,
+    /// Landlock rules built in the worker for each command: path and access.
+    rules: Vec<(PathBuf, BitFlags<AccessFs>)>,
+    /// The Landlock ABI whose rights are asked for (0: no Landlock).
+    abi: u32,
+    /// `TMPDIR` of the commands.
+    tmpdir: Option<PathBuf>,
+}
+
+/// What a command needs of its sandbox: built in the worker just before the fork.
+pub(crate) struct ForCommand {
+    pub plan: Arc<Plan>,
+    /// A fresh Landlock ruleset with the worker-side rules, or `None`.
+    pub ruleset: Option<OwnedFd>,
+    pub tmpdir: Option<PathBuf>,
 }
 
 impl Sandbox {
     /// Prepares the sandbox for an agent named `name` working in `workdir` of the team at
-    /// `team_dir`. Never fails: what cannot be set up is in [`Sandbox::status`], and with
-    /// [`Mode::Required`] commands are then refused.
+    /// `team_dir`: probes what this kernel and user can set up (by running a trivial command
+    /// through it) and keeps the strongest that works. Never fails: what cannot be set up is in
+    /// [`Sandbox::status`], said once in the log, and with [`Mode::Required`] commands are then
+    /// refused.
     pub fn prepare(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -> Sandbox {
-        let _ = (workdir, team_dir, name);
-        Sandbox {
-            status: Status {
-                mode: settings.mode,
-                ..Status::default()
-            },
+        if settings.mode == Mode::Off {
+            tracing::info!("sandbox off: bash commands run unsandboxed, as this process's user");
+            return Sandbox::off();
         }
+        let sb = probe_all(settings, workdir, team_dir, name);
+        let st = &sb.status;
+        if let Some(r) = &st.refused {
+            tracing::error!("sandbox required but unavailable ({r}): bash will not run commands");
+        } else if st.active {
+            tracing::info!("sandbox {}", st.describe());
+        } else {
+            tracing::warn!("sandbox {}", st.describe());
+        }
+        sb
     }
 
     /// No sandbox at all (unit tests, `--sandbox off`).
@@ -182,12 +253,432 @@ impl Sandbox {
         Sandbox {
             status: Status {
                 mode: Mode::Off,
+                namespaces: Namespaces::None.describe().to_owned(),
+                user: "this process's user".to_owned(),
                 ..Status::default()
             },
+            plan: None,
+            rules: Vec::new(),
+            abi: 0,
+            tmpdir: None,
         }
     }
 
     pub fn status(&self) -> &Status {
         &self.status
     }
+
+    /// What the next command runs in; `Ok(None)` when unsandboxed.
+    pub(crate) fn for_command(&self) -> Result<Option<ForCommand>, String> {
+        let Some(plan) = &self.plan else {
+            return Ok(None);
+        };
+        let ruleset = if self.abi > 0 {
+            self.ruleset().map_err(|e| format!("landlock: {e}"))?
+        } else {
+            None
+        };
+        Ok(Some(ForCommand {
+            plan: plan.clone(),
+            ruleset,
+            tmpdir: self.tmpdir.clone(),
+        }))
+    }
+
+    /// A new ruleset with the rules of every path the worker can name (the sandbox's own
+    /// `/proc` and `/dev/shm` are added by the command's process).
+    fn ruleset(&self) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+        let abi = abi_of(self.abi);
+        let mut rs = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(abi))?
+            .scope(Scope::Signal | Scope::AbstractUnixSocket)?
+            .create()?;
+        for (path, access) in &self.rules {
+            // A path gone since the agent started is simply not allowed.
+            if let Ok(fd) = PathFd::new(path) {
+                rs = rs.add_rule(PathBeneath::new(fd, *access))?;
+            }
+        }
+        Ok(rs.into())
+    }
 }
+
+/// The crate's ABI for the kernel's version (capped at 6: scopes; 7 adds only logging).
+fn abi_of(v: u32) -> ABI {
+    ABI::from(v.min(6) as i32)
+}
+
+/// The Landlock ABI version the kernel offers (0: none).
+pub fn kernel_landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: the version query takes no attribute pointer and returns a number.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(v).unwrap_or(0)
+}
+
+/// The agent's private temp dir: `TMP/troupe-UID/HASH-NAME`, HASH naming the team dir. The
+/// parent is ours and not a symlink (0711: another user can pass through to a name they
+/// know, not list it).
+fn private_tmp(
+    team_dir: &Path,
+    name: &str,
+    owner: Option<(libc::uid_t, libc::gid_t)>,
+) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let euid = nix::unistd::geteuid().as_raw();
+    let parent = std::env::temp_dir().join(format!("troupe-{euid}"));
+    match std::fs::DirBuilder::new().mode(0o711).create(&parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", parent.display())),
+    }
+    let meta = std::fs::symlink_metadata(&parent)
+        .map_err(|e| format!("cannot read {}: {e}", parent.display()))?;
+    if !meta.is_dir() || meta.uid() != euid {
+        return Err(format!(
+            "{} is not a directory of this user; remove it",
+            parent.display()
+        ));
+    }
+    let _ = std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o711));
+    let hash = team_dir
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
+    let dir = parent.join(format!("{hash:016x}-{name}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory; remove it", dir.display()));
+    }
+    let (uid, gid) = owner.unwrap_or((euid, nix::unistd::getegid().as_raw()));
+    if meta.uid() != uid {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+            .map_err(|e| format!("cannot hand {} to uid {uid}: {e}", dir.display()))?;
+    }
+    Ok(dir)
+}
+
+/// The uid and gid of a user named by name or number.
+fn lookup_user(user: &str) -> Result<(libc::uid_t, libc::gid_t), String> {
+    if let Ok(uid) = user.parse::<libc::uid_t>() {
+        let gid = nix::unistd::User::from_uid(uid.into())
+            .ok()
+            .flatten()
+            .map_or(uid, |u| u.gid.as_raw());
+        return Ok((uid, gid));
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok((u.uid.as_raw(), u.gid.as_raw())),
+        Ok(None) if user == "nobody" => Ok(NOBODY),
+        Ok(None) => Err(format!("--sandbox-user {user}: no such user")),
+        Err(e) => Err(format!("--sandbox-user {user}: {e}")),
+    }
+}
+
+/// How a probe ended.
+enum Probe {
+    Works,
+    /// The user cannot enter or write the working dir or the temp dir.
+    NoAccess(String),
+    /// A step of the set-up failed.
+    Failed(String),
+}
+
+/// Runs a trivial command in the candidate sandbox.
+fn probe(sb: &Sandbox, workdir: &Path) -> Probe {
+    let wd = match crate::tools::fs::Workdir::new(workdir) {
+        Ok(w) => w,
+        Err(e) => return Probe::Failed(format!("working dir {}: {e}", workdir.display())),
+    };
+    let out = crate::tools::bash::bash(
+        &wd,
+        sb,
+        &serde_json::json!({"command": "test -w . && test -w \"${TMPDIR:-/tmp}\""}),
+        std::time::Duration::from_secs(20),
+    );
+    let text = out.content.trim();
+    let first = text
+        .lines()
+        .find(|l| l.starts_with("troupe-sandbox:"))
+        .unwrap_or(text)
+        .trim_start_matches("troupe-sandbox: ")
+        .to_owned();
+    if !out.is_error && text.is_empty() {
+        Probe::Works
+    } else if text.ends_with("[exit code 1]") && !text.contains("troupe-sandbox:") {
+        Probe::NoAccess("cannot write the working dir or its temp dir".to_owned())
+    } else if first.starts_with("entering the working directory") {
+        Probe::NoAccess(format!("cannot enter the working dir ({first})"))
+    } else {
+        Probe::Failed(first)
+    }
+}
+
+fn describe_user(run_as: RunAs, ns: Namespaces, name: Option<&str>) -> String {
+    match run_as {
+        RunAs::Own { uid, .. } => format!("uid {uid}, without capabilities"),
+        RunAs::RootNoCaps if ns == Namespaces::UserPidMount => {
+            "root of its own user namespace, without capabilities".to_owned()
+        }
+        RunAs::RootNoCaps => "root without capabilities".to_owned(),
+        RunAs::User { uid, .. } => format!("{} (uid {uid})", name.unwrap_or("user")),
+    }
+}
+
+/// Tries the strongest sandbox first and keeps the first that works.
+fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -> Sandbox {
+    let mut missing = Vec::new();
+    let abi = kernel_landlock_abi();
+    match abi {
+        0 => missing.push("Landlock: this kernel does not offer it".to_owned()),
+        1..=5 => missing.push(format!(
+            "Landlock scopes: the kernel offers ABI {abi}, scopes need 6 (signals and abstract \
+             sockets outside are not blocked)"
+        )),
+        _ => {}
+    }
+    let workdir = workdir
+        .canonicalize()
+        .unwrap_or_else(|_| workdir.to_path_buf());
+    let team_dir = team_dir
+        .canonicalize()
+        .unwrap_or_else(|_| team_dir.to_path_buf());
+    let root = nix::unistd::geteuid().is_root();
+    let own = RunAs::Own {
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    };
+    // Who to try, in order, and whether falling back past the first is allowed.
+    let mut users: Vec<(RunAs, Option<String>)> = Vec::new();
+    let mut auto = false;
+    if !root {
+        if settings.user.is_some() {
+            missing.push("--sandbox-user applies only when troupe runs as root".to_owned());
+        }
+        users.push((own, None));
+    } else {
+        match settings.user.as_deref() {
+            Some("root") | Some("0") => users.push((RunAs::RootNoCaps, None)),
+            Some(u) => match lookup_user(u) {
+                Ok((uid, gid)) => users.push((RunAs::User { uid, gid }, Some(u.to_owned()))),
+                Err(e) => {
+                    missing.push(e);
+                    users.push((RunAs::RootNoCaps, None));
+                }
+            },
+            None => {
+                let (uid, gid) = lookup_user("nobody").unwrap_or(NOBODY);
+                users.push((RunAs::User { uid, gid }, Some("nobody".to_owned())));
+                users.push((RunAs::RootNoCaps, None));
+                auto = true;
+            }
+        }
+    }
+    let levels: &[Namespaces] = if root {
+        &[
+            Namespaces::UserPidMount,
+            Namespaces::PidMount,
+            Namespaces::None,
+        ]
+    } else {
+        &[Namespaces::UserPidMount, Namespaces::None]
+    };
+    let extra = |dirs: &[PathBuf]| -> Vec<PathBuf> {
+        dirs.iter().filter_map(|d| d.canonicalize().ok()).collect()
+    };
+    let (reads, writes) = (extra(&settings.read), extra(&settings.write));
+    let resolv = std::fs::canonicalize("/etc/resolv.conf")
+        .ok()
+        .filter(|p| !p.starts_with("/etc"));
+    let key_files: Vec<PathBuf> = crate::llm::key_files()
+        .into_iter()
+        .filter_map(|k| k.canonicalize().ok())
+        .collect();
+    let effective = abi_of(abi);
+    let read = AccessFs::from_read(effective);
+    let all = AccessFs::from_all(effective);
+    let file_rw = AccessFs::from_file(effective);
+    let mut failures: Vec<String> = Vec::new();
+    let mut user_note: Option<String> = None;
+    for &ns in levels {
+        for (i, (run_as, uname)) in users.iter().enumerate() {
+            let owner = match run_as {
+                RunAs::User { uid, gid } => Some((*uid, *gid)),
+                _ => None,
+            };
+            let tmp = match private_tmp(&team_dir, name, owner) {
+                Ok(t) => t,
+                Err(e) => {
+                    failures.push(format!("private temp dir: {e}"));
+                    continue;
+                }
+            };
+            let mut rules: Vec<(PathBuf, BitFlags<AccessFs>)> = Vec::new();
+            if abi > 0 {
+                for t in SYSTEM_TREES
+                    .iter()
+                    .map(PathBuf::from)
+                    .chain(reads.iter().cloned())
+                {
+                    if t.exists() {
+                        rules.push((t, read));
+                    }
+                }
+                if let Some(r) = &resolv {
+                    rules.push((r.clone(), read & file_rw));
+                }
+                for d in DEVICES.iter().map(PathBuf::from) {
+                    if d.exists() {
+                        rules.push((d, file_rw));
+                    }
+                }
+                for t in [workdir.clone(), tmp.clone()]
+                    .into_iter()
+                    .chain(writes.iter().cloned())
+                {
+                    rules.push((t, all));
+                }
+            }
+            let mut visible: Vec<(PathBuf, bool)> = vec![(workdir.clone(), true)];
+            visible.extend(reads.iter().chain(&writes).map(|d| (d.clone(), true)));
+            if let Some(r) = &resolv {
+                visible.push((r.clone(), false));
+            }
+            let facts = Facts {
+                ns,
+                run_as: *run_as,
+                workdir: workdir.clone(),
+                team_dir: team_dir.clone(),
+                tmp: tmp.clone(),
+                key_files: key_files.clone(),
+                visible,
+                has_run: Path::new("/run").is_dir(),
+                has_tmp: Path::new("/tmp").is_dir(),
+                has_shm: Path::new("/dev/shm").is_dir(),
+                proc_access: (AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::WriteFile).bits(),
+                shm_access: all.bits(),
+            };
+            let plan = match plan::build(&facts) {
+                Ok(p) => p,
+                Err(e) => {
+                    failures.push(e);
+                    break;
+                }
+            };
+            let candidate = Sandbox {
+                status: Status::default(),
+                plan: Some(Arc::new(plan)),
+                rules,
+                abi,
+                tmpdir: Some(if ns == Namespaces::None {
+                    tmp.clone()
+                } else {
+                    PathBuf::from("/tmp")
+                }),
+            };
+            match probe(&candidate, &workdir) {
+                Probe::Works => {
+                    let mut sb = candidate;
+                    if ns != levels[0] {
+                        missing.push(format!(
+                            "{} namespaces: {}",
+                            levels[0].describe(),
+                            failures.join("; ")
+                        ));
+                    }
+                    if let Some(n) = user_note.take() {
+                        missing.push(n);
+                    }
+                    let team_dir_hidden = ns != Namespaces::None
+                        || !sb.rules.iter().any(|(p, _)| team_dir.starts_with(p));
+                    if ns == Namespaces::None {
+                        missing.push(
+                            "own /proc: other processes' environments are readable".to_owned(),
+                        );
+                        if !team_dir_hidden {
+                            missing.push(format!(
+                                "the team dir {} lies inside a tree commands may write",
+                                team_dir.display()
+                            ));
+                        }
+                    }
+                    let active = abi >= 6 && ns != Namespaces::None && team_dir_hidden;
+                    let refused =
+                        (settings.mode == Mode::Required && !active).then(|| missing.join("; "));
+                    sb.status = Status {
+                        mode: settings.mode,
+                        active: active && refused.is_none(),
+                        landlock_abi: abi,
+                        namespaces: ns.describe().to_owned(),
+                        user: describe_user(*run_as, ns, uname.as_deref()),
+                        team_dir_hidden,
+                        tmp: Some(tmp),
+                        missing,
+                        refused,
+                    };
+                    if sb.status.refused.is_some() {
+                        sb.plan = None;
+                    }
+                    return sb;
+                }
+                Probe::NoAccess(why) if auto && i + 1 < users.len() => {
+                    user_note = Some(format!(
+                        "{}: {why}; commands run as root of their own user namespace, without \
+                         capabilities",
+                        uname.as_deref().unwrap_or("user")
+                    ));
+                }
+                Probe::NoAccess(why) => {
+                    failures.push(format!("{} {why}", uname.as_deref().unwrap_or("this user")));
+                    break;
+                }
+                Probe::Failed(why) => {
+                    failures.push(why);
+                    break;
+                }
+            }
+        }
+    }
+    missing.push(format!(
+        "no sandbox could be set up: {}",
+        failures.join("; ")
+    ));
+    let refused = (settings.mode == Mode::Required).then(|| missing.join("; "));
+    Sandbox {
+        status: Status {
+            mode: settings.mode,
+            active: false,
+            landlock_abi: abi,
+            namespaces: Namespaces::None.describe().to_owned(),
+            user: "this process's user".to_owned(),
+            team_dir_hidden: false,
+            tmp: None,
+            missing,
+            refused,
+        },
+        plan: None,
+        rules: Vec::new(),
+        abi: 0,
+        tmpdir: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

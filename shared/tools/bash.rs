@@ -40,7 +40,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use serde_json::Value;
 
-use super::keeper::{Exec, start_keeper};
+use super::keeper::{Confinement, Exec, start_keeper};
 use super::{ToolOutput, cap_output, check_input, input_str};
 use crate::sandbox::Sandbox;
 use crate::tools::fs::Workdir;
@@ -69,7 +69,7 @@ static KEPT: Mutex<Vec<(Child, OwnedFd)>> = Mutex::new(Vec::new());
 
 /// Runs `bash{command}`. A non-zero exit is a normal result ending in `[exit code N]`; a
 /// timeout is an error result with the partial output.
-pub fn bash(wd: &Workdir, _sandbox: &Sandbox, input: &Value, timeout: Duration) -> ToolOutput {
+pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -> ToolOutput {
     let command = match check_input(input).and_then(|_| input_str(input, "command")) {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(e),
@@ -82,8 +82,18 @@ pub fn bash(wd: &Workdir, _sandbox: &Sandbox, input: &Value, timeout: Duration) 
             MAX_ARG_LEN - 1
         ));
     }
+    if let Some(why) = &sandbox.status().refused {
+        return ToolOutput::error(format!(
+            "not run: the sandbox is required (--sandbox required) but unavailable here: {why}"
+        ));
+    }
     reap_kept();
-    let exec = match Exec::new(command) {
+    let confined = match sandbox.for_command() {
+        Ok(c) => c,
+        Err(e) => return ToolOutput::error(format!("not run: the sandbox failed: {e}")),
+    };
+    let tmpdir = confined.as_ref().and_then(|c| c.tmpdir.clone());
+    let exec = match Exec::new(command, tmpdir.as_deref()) {
         Ok(e) => e,
         Err(e) => return ToolOutput::error(e),
     };
@@ -108,13 +118,23 @@ pub fn bash(wd: &Workdir, _sandbox: &Sandbox, input: &Value, timeout: Duration) 
     // close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built before the
     // fork.
     unsafe {
-        cmd.pre_exec(move || start_keeper(&exec, keeper_fd));
+        let plan = confined.as_ref().map(|c| c.plan.clone());
+        let ruleset = confined
+            .as_ref()
+            .and_then(|c| c.ruleset.as_ref())
+            .map_or(-1, |fd| fd.as_raw_fd());
+        cmd.pre_exec(move || {
+            let sandbox = plan.as_deref().map(|plan| Confinement { plan, ruleset });
+            start_keeper(&exec, keeper_fd, sandbox)
+        });
     }
     let mut keeper = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return ToolOutput::error(format!("failed to start bash: {e}")),
     };
     drop(keeper_link);
+    // The children hold their own copy of the ruleset.
+    drop(confined);
     let pipes = [
         keeper.stdout.take().map(OwnedFd::from),
         keeper.stderr.take().map(OwnedFd::from),

@@ -13,6 +13,8 @@ use std::os::unix::ffi::OsStrExt;
 use nix::errno::Errno;
 
 use super::bash::HIDDEN_ENV;
+use crate::sandbox::enter::{self, SETUP_FAILED, digits, say};
+use crate::sandbox::plan::{Namespaces, Plan};
 
 /// `bash -c COMMAND` with the worker's environment minus [`HIDDEN_ENV`], as the C strings
 /// `execvpe` takes, built before the fork (the child may not allocate).
@@ -25,12 +27,14 @@ pub(super) struct Exec {
 }
 
 impl Exec {
-    pub(super) fn new(command: &str) -> Result<Exec, String> {
+    /// `tmpdir`, when set, is the command's `TMPDIR`.
+    pub(super) fn new(command: &str, tmpdir: Option<&std::path::Path>) -> Result<Exec, String> {
         let cstr = |b: &[u8]| CString::new(b).map_err(|_| "command contains a NUL byte".to_owned());
         let args = [cstr(b"bash")?, cstr(b"-c")?, cstr(command.as_bytes())?];
         let mut env = Vec::new();
         for (k, v) in std::env::vars_os() {
-            if HIDDEN_ENV.iter().any(|h| OsStr::new(h) == k) {
+            if HIDDEN_ENV.iter().any(|h| OsStr::new(h) == k) || (tmpdir.is_some() && k == "TMPDIR")
+            {
                 continue;
             }
             let mut kv = k.as_bytes().to_vec();
@@ -39,6 +43,11 @@ impl Exec {
             if let Ok(c) = CString::new(kv) {
                 env.push(c);
             }
+        }
+        if let Some(t) = tmpdir {
+            let mut kv = b"TMPDIR=".to_vec();
+            kv.extend_from_slice(t.as_os_str().as_bytes());
+            env.push(cstr(&kv)?);
         }
         let ptrs = |v: &[CString]| {
             let mut p: Vec<usize> = v.iter().map(|c| c.as_ptr() as usize).collect();
@@ -58,21 +67,37 @@ impl Exec {
     }
 }
 
-/// In the forked child: becomes the keeper and forks bash. Never returns in the keeper
-/// (it `_exit`s), nor in bash (it execs or `_exit`s 127).
-pub(super) fn start_keeper(exec: &Exec, link: RawFd) -> std::io::Result<()> {
+/// The sandbox of one command, as the children see it: the plan and the Landlock ruleset the
+/// worker built for this command (-1: none).
+#[derive(Clone, Copy)]
+pub(super) struct Confinement<'a> {
+    pub plan: &'a Plan,
+    pub ruleset: RawFd,
+}
+
+/// In the forked child: becomes the keeper and starts bash, confined by `sandbox` when given.
+/// Never returns in the keeper (it `_exit`s), nor in bash (it execs or `_exit`s).
+pub(super) fn start_keeper(
+    exec: &Exec,
+    link: RawFd,
+    sandbox: Option<Confinement<'_>>,
+) -> std::io::Result<()> {
     // SAFETY: async-signal-safe calls on plain integers and on memory built before the fork.
     unsafe {
         let me = libc::getpid();
-        // Nothing inherited but the pipes (0-2) and the link: not the spawn's error pipe
-        // (spawn() waits for it to close), not another command's socket.
-        close_from(3, link);
+        // Nothing inherited but the pipes (0-2), the link and the ruleset: not the spawn's
+        // error pipe (spawn() waits for it to close), not another command's socket.
+        close_from(3, [link, sandbox.map_or(-1, |s| s.ruleset)]);
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+        if let Some(sb) = sandbox
+            && sb.plan.ns != Namespaces::None
+        {
+            namespaced(exec, link, me, sb)
+        }
         // A raw clone rather than fork(3): glibc's fork runs atfork handlers and takes
         // malloc's locks, which a thread of the worker that does not exist in this copy may
         // hold; that would hang here for good.
-        let bash = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0)
-            as libc::pid_t;
+        let bash = clone(libc::SIGCHLD as libc::c_ulong);
         if bash < 0 {
             say(b"failed to start bash: fork failed\n");
             libc::_exit(127);
@@ -83,34 +108,188 @@ pub(super) fn start_keeper(exec: &Exec, link: RawFd) -> std::io::Result<()> {
             if libc::getppid() != me {
                 libc::_exit(127);
             }
-            libc::execvpe(
-                exec.argv[0] as *const libc::c_char,
-                exec.argv.as_ptr().cast(),
-                exec.envp.as_ptr().cast(),
-            );
-            say(b"failed to start bash: exec failed (is bash installed and on PATH?)\n");
+            run_bash(exec, sandbox)
+        }
+        keep(me, bash, link, true)
+    }
+}
+
+/// A raw clone(2) with `flags` (no stack: the child runs on a copy of this one).
+///
+/// # Safety
+/// Only in the keeper or the namespace's init.
+unsafe fn clone(flags: libc::c_ulong) -> libc::pid_t {
+    // SAFETY: clone without CLONE_VM: the child gets its own copy of memory.
+    unsafe { libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) as libc::pid_t }
+}
+
+/// In bash's own process: confines it, then execs bash.
+///
+/// # Safety
+/// Only in the forked child that becomes bash.
+unsafe fn run_bash(exec: &Exec, sandbox: Option<Confinement<'_>>) -> ! {
+    // SAFETY: async-signal-safe calls on memory built before the fork.
+    unsafe {
+        if let Some(sb) = sandbox
+            && enter::confine(sb.plan, sb.ruleset).is_err()
+        {
+            libc::_exit(SETUP_FAILED);
+        }
+        libc::execvpe(
+            exec.argv[0] as *const libc::c_char,
+            exec.argv.as_ptr().cast(),
+            exec.envp.as_ptr().cast(),
+        );
+        say(b"failed to start bash: exec failed (is bash installed and on PATH?)\n");
+        libc::_exit(127)
+    }
+}
+
+/// Sends a wait status on the link.
+fn report(link: RawFd, status: i32) {
+    let b = status.to_ne_bytes();
+    // SAFETY: write(2) of a stack buffer.
+    unsafe {
+        libc::write(link, b.as_ptr().cast(), b.len());
+    }
+}
+
+/// The keeper with namespaces: clones the namespace's init (PID 1 of the new PID namespace),
+/// writes its id maps, and keeps it. The init builds the mount tree, starts bash, reports
+/// bash's status on the link itself, reaps whatever is orphaned inside, and exits when
+/// nothing is left. Killing the init (the keeper does, when the worker closes the link; the
+/// kernel does, through `PR_SET_PDEATHSIG`, when the keeper dies) kills every process of the
+/// namespace.
+///
+/// # Safety
+/// Only in the keeper.
+unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<'_>) -> ! {
+    // SAFETY: async-signal-safe calls on plain integers and memory built before the fork.
+    unsafe {
+        let setup_failed = || -> ! {
+            report(link, SETUP_FAILED << 8);
+            libc::_exit(SETUP_FAILED)
+        };
+        if enter::before_clone(sb.plan).is_err() {
+            setup_failed();
+        }
+        let mut sync = [-1; 2];
+        if libc::pipe2(sync.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            say(b"troupe-sandbox: pipe failed\n");
+            setup_failed();
+        }
+        let user = if sb.plan.ns == Namespaces::UserPidMount {
+            libc::CLONE_NEWUSER
+        } else {
+            0
+        };
+        let flags =
+            (libc::CLONE_NEWPID | libc::CLONE_NEWNS | user | libc::SIGCHLD) as libc::c_ulong;
+        let init = clone(flags);
+        if init < 0 {
+            say(b"troupe-sandbox: creating the namespaces failed\n");
+            setup_failed();
+        }
+        if init == 0 {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            libc::close(sync[1]);
+            let mut b = [0u8; 1];
+            // EOF: the keeper died or could not write the maps.
+            if libc::read(sync[0], b.as_mut_ptr().cast(), 1) != 1 {
+                libc::_exit(SETUP_FAILED);
+            }
+            libc::close(sync[0]);
+            init_main(exec, link, sb)
+        }
+        libc::close(sync[0]);
+        if user != 0 && enter::write_maps(sb.plan, init).is_err() {
+            libc::kill(init, libc::SIGKILL);
+            libc::waitpid(init, std::ptr::null_mut(), 0);
+            setup_failed();
+        }
+        libc::write(sync[1], b"g".as_ptr().cast(), 1);
+        libc::close(sync[1]);
+        if sb.ruleset >= 0 {
+            libc::close(sb.ruleset);
+        }
+        keep(me, init, link, false)
+    }
+}
+
+/// PID 1 of the command's namespace.
+///
+/// # Safety
+/// Only in the namespace's init.
+unsafe fn init_main(exec: &Exec, link: RawFd, sb: Confinement<'_>) -> ! {
+    // SAFETY: async-signal-safe calls on plain integers and memory built before the fork.
+    unsafe {
+        if enter::mount_all(sb.plan).is_err() {
+            report(link, SETUP_FAILED << 8);
+            libc::_exit(SETUP_FAILED);
+        }
+        let bash = clone(libc::SIGCHLD as libc::c_ulong);
+        if bash < 0 {
+            say(b"failed to start bash: fork failed\n");
+            report(link, 127 << 8);
             libc::_exit(127);
         }
-        keep(me, bash, link)
+        if bash == 0 {
+            libc::setpgid(0, 0);
+            run_bash(exec, Some(sb))
+        }
+        to_dev_null();
+        if sb.ruleset >= 0 {
+            libc::close(sb.ruleset);
+        }
+        loop {
+            let mut st = 0;
+            let p = libc::waitpid(-1, &mut st, 0);
+            if p == bash {
+                report(link, st);
+            } else if p < 0 && Errno::last() != Errno::EINTR {
+                // Nothing left in the namespace.
+                libc::_exit(0);
+            }
+        }
     }
 }
 
-/// Writes `msg` to stderr (async-signal-safe).
-fn say(msg: &[u8]) {
-    // SAFETY: write(2) of a live buffer.
+/// Points 0-2 at /dev/null, off the worker's pipes, so their EOF depends on the command alone.
+///
+/// # Safety
+/// Only in the keeper or the namespace's init.
+unsafe fn to_dev_null() {
+    // SAFETY: open/dup2/close on integers.
     unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
     }
 }
 
-/// Closes every descriptor from `from` up, except `keep`.
+/// Closes every descriptor from `from` up, except those in `keep` (-1: none).
 ///
 /// # Safety
 /// Only in a forked child: it closes descriptors other code may think it owns.
-unsafe fn close_from(from: RawFd, keep: RawFd) {
+unsafe fn close_from(from: RawFd, keep: [RawFd; 2]) {
+    let [a, b] = if keep[0] <= keep[1] {
+        keep
+    } else {
+        [keep[1], keep[0]]
+    };
     // SAFETY: plain syscalls on integers.
     unsafe {
-        let ranges = [(from, keep - 1), (keep + 1, libc::c_int::MAX)];
+        let ranges = [
+            (from, a - 1),
+            (from.max(a + 1), b - 1),
+            (from.max(b + 1), libc::c_int::MAX),
+        ];
         for (lo, hi) in ranges {
             if lo > hi {
                 continue;
@@ -133,23 +312,16 @@ unsafe fn close_from(from: RawFd, keep: RawFd) {
 
 /// The keeper's life: reports bash's wait status on `link`, reaps whatever is re-parented to
 /// it, and when the worker closes `link` (or dies) kills everything under it and exits.
-/// If bash has exited and nothing else is left, it exits by itself.
+/// If bash has exited and nothing else is left, it exits by itself. With `report` false
+/// (namespaces) `bash` is the namespace's init, which reports bash's status itself.
 ///
 /// # Safety
 /// Only in the keeper (a forked child); async-signal-safe calls only.
-unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd) -> ! {
+unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd, report: bool) -> ! {
     // SAFETY: async-signal-safe calls on plain integers and stack buffers.
     unsafe {
-        // Off the worker's pipes, so their EOF depends on the command alone.
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            for fd in 0..3 {
-                libc::dup2(null, fd);
-            }
-            if null > 2 {
-                libc::close(null);
-            }
-        }
+        to_dev_null();
+        let status_to = if report { link } else { -1 };
         // The worker ends this process by closing the link, nothing else; a write to a closed
         // link must not kill it either.
         for sig in [
@@ -171,7 +343,7 @@ unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd) -> ! {
             };
             let r = libc::poll(&mut pfd, 1, 20);
             let poll_errno = Errno::last();
-            if reap(bash, &mut status, &mut bash_done, link) && bash_done {
+            if reap(bash, &mut status, &mut bash_done, status_to) && bash_done {
                 // Nothing left under the keeper.
                 libc::_exit(exit_code(status));
             }
@@ -190,7 +362,8 @@ unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd) -> ! {
     }
 }
 
-/// Reaps every child that has ended, sending bash's status on `link`; true when the keeper
+/// Reaps every child that has ended, sending bash's status on `link` (-1: not sent); true
+/// when the keeper
 /// has no children left.
 ///
 /// # Safety
@@ -210,8 +383,9 @@ unsafe fn reap(bash: libc::pid_t, status: &mut i32, bash_done: &mut bool, link: 
             if p == bash {
                 *status = st;
                 *bash_done = true;
-                let b = st.to_ne_bytes();
-                libc::write(link, b.as_ptr().cast(), b.len());
+                if link >= 0 {
+                    report(link, st);
+                }
             }
         }
     }
@@ -267,25 +441,6 @@ unsafe fn kill_all(me: libc::pid_t, bash: libc::pid_t) {
             libc::poll(std::ptr::null_mut(), 0, 10);
         }
     }
-}
-
-/// The decimal digits of `n` and how many there are.
-fn digits(mut n: u64) -> ([u8; 20], usize) {
-    let mut rev = [0u8; 20];
-    let mut len = 0;
-    loop {
-        rev[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let mut out = [0u8; 20];
-    for i in 0..len {
-        out[i] = rev[len - 1 - i];
-    }
-    (out, len)
 }
 
 /// The keeper's exit code for bash's wait status: bash's code, or 128 + the signal.

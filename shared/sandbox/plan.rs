@@ -1,0 +1,379 @@
+//! The plan of a command's sandbox: every path, map and flag the children need, built in the
+//! worker before any fork (the children may not allocate), from the facts of
+//! [`super::Sandbox::prepare`]. Pure: it reads nothing but what it is given.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// At most this many paths are bound back over the replaced `/tmp` and `/run`.
+pub(crate) const MAX_KEEP: usize = 16;
+
+/// Which namespaces a command gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Namespaces {
+    /// None: Landlock (and the user switch) only.
+    None,
+    /// PID and mount namespaces, without a user namespace (root only).
+    PidMount,
+    /// User, PID and mount namespaces.
+    UserPidMount,
+}
+
+impl Namespaces {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Namespaces::None => "no",
+            Namespaces::PidMount => "pid+mount",
+            Namespaces::UserPidMount => "user+pid+mount",
+        }
+    }
+}
+
+/// One mount(2) call.
+#[derive(Debug)]
+pub(crate) struct Mount {
+    /// What it is for, in the error message when it fails.
+    pub step: &'static str,
+    pub source: Option<CString>,
+    pub target: CString,
+    pub fstype: Option<CString>,
+    pub flags: libc::c_ulong,
+    pub data: Option<CString>,
+    /// A target that is not there (or not reachable) is skipped: the command cannot reach it
+    /// either.
+    pub skip_missing: bool,
+}
+
+/// A path under a replaced tree (`/tmp`, `/run`) that must stay visible at its own path.
+#[derive(Debug)]
+pub(crate) struct Keep {
+    pub path: CString,
+    /// Its ancestors below the replaced tree, outermost first (made as mount points).
+    pub parents: Vec<CString>,
+    pub is_dir: bool,
+}
+
+/// A Landlock rule for a tree mounted inside the sandbox.
+#[derive(Debug)]
+pub(crate) struct Rule {
+    pub path: CString,
+    pub access: u64,
+    pub skip_missing: bool,
+}
+
+/// Everything the children do, in order.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub ns: Namespaces,
+    /// The keeper drops root's supplementary groups before it clones.
+    pub clear_groups: bool,
+    /// The maps are written by an unprivileged keeper: `setgroups` must be denied first.
+    pub deny_setgroups: bool,
+    pub uid_map: String,
+    pub gid_map: String,
+    /// Mounted first: the namespace's own `/proc`.
+    pub early_mounts: Vec<Mount>,
+    /// Held open before `cover_mounts`, bound back after them.
+    pub keep: Vec<Keep>,
+    /// Trees replaced: `/tmp` by the private temp dir, `/run` and `/dev/shm` by empty tmpfs.
+    pub cover_mounts: Vec<Mount>,
+    /// Mounted last: the team dir and key files covered.
+    pub late_mounts: Vec<Mount>,
+    /// The user the command becomes (uid, gid), if not the keeper's own.
+    pub switch_to: Option<(libc::uid_t, libc::gid_t)>,
+    /// `setgroups(0)` in the command's process before it switches user.
+    pub clear_groups_in_child: bool,
+    /// Drop every capability before exec.
+    pub drop_caps: bool,
+    /// Where the command starts (entered after the mounts, so its cwd is the visible tree).
+    pub workdir: CString,
+    /// Landlock rules for trees mounted inside the sandbox.
+    pub inner_rules: Vec<Rule>,
+}
+
+/// Who the command runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunAs {
+    /// The worker's own (non-root) user.
+    Own { uid: libc::uid_t, gid: libc::gid_t },
+    /// Root of its own user namespace, mapped to root, without any capability.
+    RootNoCaps,
+    /// An unprivileged user, switched to from root.
+    User { uid: libc::uid_t, gid: libc::gid_t },
+}
+
+/// The facts a plan is built from.
+#[derive(Debug, Clone)]
+pub(crate) struct Facts {
+    pub ns: Namespaces,
+    pub run_as: RunAs,
+    pub workdir: PathBuf,
+    pub team_dir: PathBuf,
+    pub tmp: PathBuf,
+    /// Key files that exist (covered by /dev/null).
+    pub key_files: Vec<PathBuf>,
+    /// Paths that must stay visible where they are (the working dir, the extra read and write
+    /// dirs, the resolver configuration).
+    pub visible: Vec<(PathBuf, bool)>,
+    /// Which of `/run`, `/tmp` and `/dev/shm` exist.
+    pub has_run: bool,
+    pub has_tmp: bool,
+    pub has_shm: bool,
+    /// Access masks of the inner rules: `/proc` and `/dev/shm`.
+    pub proc_access: u64,
+    pub shm_access: u64,
+}
+
+fn cstr(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| format!("{} contains a NUL byte", p.display()))
+}
+
+fn lit(s: &str) -> CString {
+    CString::new(s).expect("literal without NUL")
+}
+
+/// The plan for these facts.
+pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
+    let namespaced = f.ns != Namespaces::None;
+    let (clear_groups, deny_setgroups, uid_map, gid_map, switch_to, clear_in_child, drop_caps) =
+        match (f.run_as, f.ns) {
+            (RunAs::Own { uid, gid }, _) => (
+                false,
+                true,
+                format!("{uid} {uid} 1\n"),
+                format!("{gid} {gid} 1\n"),
+                None,
+                false,
+                namespaced,
+            ),
+            (RunAs::RootNoCaps, _) => (
+                true,
+                false,
+                "0 0 1\n".to_owned(),
+                "0 0 1\n".to_owned(),
+                None,
+                false,
+                true,
+            ),
+            (RunAs::User { uid, gid }, ns) => (
+                true,
+                false,
+                format!("0 0 1\n{uid} {uid} 1\n"),
+                format!("0 0 1\n{gid} {gid} 1\n"),
+                Some((uid, gid)),
+                // In a user namespace the keeper already dropped root's groups, and the map
+                // holds no group of root's to set.
+                ns != Namespaces::UserPidMount,
+                true,
+            ),
+        };
+    let mut plan = Plan {
+        ns: f.ns,
+        clear_groups,
+        deny_setgroups,
+        uid_map,
+        gid_map,
+        early_mounts: Vec::new(),
+        keep: Vec::new(),
+        cover_mounts: Vec::new(),
+        late_mounts: Vec::new(),
+        switch_to,
+        clear_groups_in_child: clear_in_child,
+        drop_caps,
+        workdir: cstr(&f.workdir)?,
+        inner_rules: Vec::new(),
+    };
+    if !namespaced {
+        return Ok(plan);
+    }
+    let nosuid = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    plan.early_mounts.push(Mount {
+        step: "mounting /proc",
+        source: Some(lit("proc")),
+        target: lit("/proc"),
+        fstype: Some(lit("proc")),
+        flags: nosuid,
+        data: None,
+        skip_missing: false,
+    });
+    plan.inner_rules.push(Rule {
+        path: lit("/proc"),
+        access: f.proc_access,
+        skip_missing: false,
+    });
+    let mut covered: Vec<&Path> = Vec::new();
+    if f.has_tmp {
+        plan.cover_mounts.push(Mount {
+            step: "mounting the private /tmp",
+            source: Some(cstr(&f.tmp)?),
+            target: lit("/tmp"),
+            fstype: None,
+            flags: libc::MS_BIND,
+            data: None,
+            skip_missing: false,
+        });
+        covered.push(Path::new("/tmp"));
+    }
+    if f.has_run {
+        plan.cover_mounts.push(Mount {
+            step: "mounting an empty /run",
+            source: Some(lit("tmpfs")),
+            target: lit("/run"),
+            fstype: Some(lit("tmpfs")),
+            flags: nosuid,
+            data: Some(lit("mode=0755,size=1m")),
+            skip_missing: false,
+        });
+        covered.push(Path::new("/run"));
+    }
+    if f.has_shm {
+        plan.cover_mounts.push(Mount {
+            step: "mounting an empty /dev/shm",
+            source: Some(lit("tmpfs")),
+            target: lit("/dev/shm"),
+            fstype: Some(lit("tmpfs")),
+            flags: libc::MS_NOSUID | libc::MS_NODEV,
+            data: Some(lit("mode=1777,size=256m")),
+            skip_missing: false,
+        });
+        plan.inner_rules.push(Rule {
+            path: lit("/dev/shm"),
+            access: f.shm_access,
+            skip_missing: true,
+        });
+    }
+    for (path, is_dir) in &f.visible {
+        let Some(root) = covered.iter().find(|c| path.starts_with(c) && path != *c) else {
+            continue;
+        };
+        if plan.keep.len() == MAX_KEEP {
+            return Err(format!(
+                "more than {MAX_KEEP} paths to keep visible under /tmp and /run"
+            ));
+        }
+        let parents = path
+            .ancestors()
+            .skip(1)
+            .take_while(|a| a != root)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .map(cstr)
+            .collect::<Result<Vec<_>, _>>()?;
+        plan.keep.push(Keep {
+            path: cstr(path)?,
+            parents,
+            is_dir: *is_dir,
+        });
+    }
+    plan.late_mounts.push(Mount {
+        step: "covering the team dir",
+        source: Some(lit("tmpfs")),
+        target: cstr(&f.team_dir)?,
+        fstype: Some(lit("tmpfs")),
+        flags: libc::MS_RDONLY | nosuid,
+        data: Some(lit("mode=0555,size=4k")),
+        skip_missing: true,
+    });
+    for k in &f.key_files {
+        plan.late_mounts.push(Mount {
+            step: "covering a key file",
+            source: Some(lit("/dev/null")),
+            target: cstr(k)?,
+            fstype: None,
+            flags: libc::MS_BIND,
+            data: None,
+            skip_missing: true,
+        });
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(ns: Namespaces, run_as: RunAs) -> Facts {
+        Facts {
+            ns,
+            run_as,
+            workdir: "/tmp/demo/work".into(),
+            team_dir: "/tmp/demo/work/.team".into(),
+            tmp: "/var/tmp/troupe-0/abc-alice".into(),
+            key_files: vec!["/etc/troupe/key".into()],
+            visible: vec![
+                ("/tmp/demo/work".into(), true),
+                ("/run/systemd/resolve/stub-resolv.conf".into(), false),
+                ("/home/me/.cargo".into(), true),
+            ],
+            has_run: true,
+            has_tmp: true,
+            has_shm: true,
+            proc_access: 7,
+            shm_access: 0xffff,
+        }
+    }
+
+    #[test]
+    fn paths_under_replaced_trees_are_bound_back_with_their_parents() {
+        let p = build(&facts(Namespaces::UserPidMount, RunAs::RootNoCaps)).unwrap();
+        let keep: Vec<_> = p
+            .keep
+            .iter()
+            .map(|k| (k.path.to_str().unwrap(), k.parents.len(), k.is_dir))
+            .collect();
+        assert_eq!(
+            keep,
+            [
+                ("/tmp/demo/work", 1, true),
+                ("/run/systemd/resolve/stub-resolv.conf", 2, false)
+            ]
+        );
+        assert_eq!(p.keep[1].parents[0].to_str().unwrap(), "/run/systemd");
+        assert_eq!(
+            p.late_mounts[0].target.to_str().unwrap(),
+            "/tmp/demo/work/.team"
+        );
+        assert_eq!(p.late_mounts[1].target.to_str().unwrap(), "/etc/troupe/key");
+    }
+
+    #[test]
+    fn who_the_command_runs_as() {
+        let own = build(&facts(
+            Namespaces::UserPidMount,
+            RunAs::Own {
+                uid: 1000,
+                gid: 100,
+            },
+        ))
+        .unwrap();
+        assert_eq!(
+            (own.uid_map.as_str(), own.deny_setgroups),
+            ("1000 1000 1\n", true)
+        );
+        assert!(own.switch_to.is_none() && own.drop_caps);
+        let nobody = build(&facts(
+            Namespaces::UserPidMount,
+            RunAs::User {
+                uid: 65534,
+                gid: 65534,
+            },
+        ))
+        .unwrap();
+        assert_eq!(nobody.uid_map, "0 0 1\n65534 65534 1\n");
+        assert_eq!(nobody.switch_to, Some((65534, 65534)));
+        assert!(nobody.clear_groups && !nobody.clear_groups_in_child);
+        let bare = build(&facts(
+            Namespaces::None,
+            RunAs::User {
+                uid: 65534,
+                gid: 65534,
+            },
+        ))
+        .unwrap();
+        assert!(bare.early_mounts.is_empty() && bare.late_mounts.is_empty());
+        assert!(bare.clear_groups_in_child);
+    }
+}

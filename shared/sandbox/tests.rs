@@ -1,0 +1,122 @@
+//! The sandbox from the inside: commands run through the real keeper, as an agent's would.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::tools::bash::bash;
+use crate::tools::fs::Workdir;
+
+struct Setup {
+    _t: tempfile::TempDir,
+    work: PathBuf,
+    team: PathBuf,
+    sb: Sandbox,
+}
+
+fn setup(settings: Settings) -> Setup {
+    let t = tempfile::tempdir().unwrap();
+    let work = t.path().join("work");
+    let team = work.join(".team");
+    std::fs::create_dir_all(team.join("requests")).unwrap();
+    std::fs::write(team.join("config.json"), "{\"members\":[]}").unwrap();
+    let sb = Sandbox::prepare(&settings, &work, &team, "alice");
+    Setup {
+        _t: t,
+        work,
+        team,
+        sb,
+    }
+}
+
+fn run(s: &Setup, command: &str) -> String {
+    let wd = Workdir::new(&s.work).unwrap();
+    bash(
+        &wd,
+        &s.sb,
+        &json!({ "command": command }),
+        Duration::from_secs(20),
+    )
+    .content
+}
+
+/// Whether this machine must offer the whole sandbox (CI does).
+fn must_be_active() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+#[test]
+fn commands_cannot_touch_the_team_dir_or_the_system() {
+    let s = setup(Settings::default());
+    let st = s.sb.status();
+    eprintln!("{}", st.describe());
+    if must_be_active() {
+        assert!(st.active, "{st:?}");
+    }
+    if !st.active {
+        return;
+    }
+    assert_eq!(run(&s, "echo hi > f && cat f").trim(), "hi");
+    let out = run(
+        &s,
+        "echo '{}' > .team/config.json; rm -rf .team/requests; ls -a .team",
+    );
+    assert!(
+        out.contains("Read-only file system") || out.contains("Permission denied"),
+        "{out}"
+    );
+    let abs = format!("echo '{{}}' > {}/config.json", s.team.display());
+    run(&s, &abs);
+    assert_eq!(
+        std::fs::read_to_string(s.team.join("config.json")).unwrap(),
+        "{\"members\":[]}"
+    );
+    assert!(s.team.join("requests").is_dir());
+    let out = run(
+        &s,
+        "touch /etc/troupe-test 2>&1; touch /usr/troupe-test 2>&1; echo done",
+    );
+    assert!(!Path::new("/etc/troupe-test").exists(), "{out}");
+    let out = run(&s, "ls /proc | grep -c '^[0-9]'");
+    let n: u32 = out.trim().parse().unwrap_or(999);
+    assert!(n < 10, "the command sees {n} processes:\n{out}");
+    let out = run(&s, "ls /run | wc -l; ls /root 2>&1 | head -1");
+    assert!(out.starts_with("0") || out.starts_with("1"), "{out}");
+    let out = run(&s, "echo t > /tmp/x && cat /tmp/x && echo $TMPDIR");
+    assert_eq!(out.trim(), "t\n/tmp");
+    assert!(
+        st.tmp.as_ref().unwrap().join("x").exists(),
+        "the private /tmp is {:?}",
+        st.tmp
+    );
+}
+
+#[test]
+fn the_environment_of_the_worker_is_out_of_reach() {
+    // SAFETY: this test's process reads no environment concurrently in a way that matters.
+    unsafe { std::env::set_var("ANTHROPIC_API_KEY", "sk-very-secret") };
+    let s = setup(Settings::default());
+    if !s.sb.status().active {
+        assert!(!must_be_active());
+        return;
+    }
+    let out = run(
+        &s,
+        "for f in /proc/*/environ; do tr '\\0' '\\n' < $f; done 2>&1; kill -9 $PPID; kill -9 1; echo alive",
+    );
+    assert!(!out.contains("sk-very-secret"), "{out}");
+    assert!(out.contains("alive"), "{out}");
+}
+
+#[test]
+fn off_runs_unsandboxed() {
+    let s = setup(Settings {
+        mode: Mode::Off,
+        ..Settings::default()
+    });
+    assert_eq!(s.sb.status().describe(), "off: tools run unsandboxed");
+    run(&s, "echo x > .team/owned");
+    assert!(s.team.join("owned").exists());
+}
