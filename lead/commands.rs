@@ -185,7 +185,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                     "name": m.name, "role": m.role, "status": m.status, "pid": m.pid,
                     "incarnation": m.incarnation, "restarts": m.restarts, "last_exit": m.last_exit,
                     "usage": m.usage, "calls": m.calls, "pending_requests": pending_of(&m.name),
-                    "reason": m.reason, "doing": d,
+                    "reason": m.reason, "doing": d, "sandbox": m.sandbox,
                 })
             })
             .collect();
@@ -224,6 +224,22 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                 .as_ref()
                 .map_or(String::new(), |r| format!("  ({r})")),
         );
+    }
+    // The sandbox of each member's tools, as its process found it; members alike on one line.
+    let mut lines: Vec<(String, Vec<&str>)> = Vec::new();
+    for m in &cfg.members {
+        let Some(s) = &m.sandbox else { continue };
+        let d = s.describe();
+        match lines.iter_mut().find(|(k, _)| *k == d) {
+            Some((_, names)) => names.push(&m.name),
+            None => lines.push((d, vec![&m.name])),
+        }
+    }
+    if !lines.is_empty() {
+        println!();
+    }
+    for (d, names) in lines {
+        println!("sandbox of {}: {d}", names.join(", "));
     }
     Ok(0)
 }

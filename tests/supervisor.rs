@@ -366,13 +366,14 @@ fn an_unanswered_shutdown_expires_and_escalates_but_a_stale_one_stops_nobody() {
 
 #[test]
 fn a_team_stop_leaves_no_process_a_command_started() {
+    let m = support::team::marker();
     let team = Team::new();
     let tool_use = support::fake_llm::anthropic_tool_use_block(
         "tu_1",
         "bash",
         &serde_json::json!({
-            "command": "setsid sleep 300 & echo $! > pids.tmp; sleep 300 & echo $! >> pids.tmp; \
-                        mv pids.tmp pids; echo started"
+            "command": format!("setsid sleep 300.{m}1 & sleep 300.{m}2 & sleep 0.2; \
+                        echo ready > pids; echo started")
         })
         .to_string(),
     );
@@ -394,9 +395,13 @@ fn a_team_stop_leaves_no_process_a_command_started() {
         .spawn()
         .unwrap(),
     );
-    let pids: Vec<u64> = wait_until(T, "the command's pids", || {
-        let text = std::fs::read_to_string(team.workdir.join("pids")).ok()?;
-        let pids: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    // Found by marker: the command's own pids are those of its PID namespace.
+    let pids: Vec<u64> = wait_until(T, "the command's processes", || {
+        team.workdir.join("pids").exists().then_some(())?;
+        let pids: Vec<u64> = ["1", "2"]
+            .iter()
+            .flat_map(|k| support::team::pids_with_arg(&format!("300.{m}{k}")))
+            .collect();
         (pids.len() == 2).then_some(pids)
     });
     wait_until(T, "amy idle", || {

@@ -680,11 +680,19 @@ fn openai_wire_format_with_quirks() {
 }
 
 /// The pids a bash command wrote to `pids` in the working dir, once it has written `n`.
-fn recorded_pids(team: &Team, n: usize) -> Vec<u64> {
-    wait_until(T, "the command's pids", || {
-        let text = std::fs::read_to_string(team.workdir.join("pids")).ok()?;
-        let pids: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
-        (pids.len() == n).then_some(pids)
+/// The machine's pids of the processes `daemon_command(m, _)` started: the daemon, the
+/// background job and bash, once the command says they run.
+fn recorded_pids(team: &Team, m: &str) -> Vec<u64> {
+    wait_until(T, "the command's processes", || {
+        team.workdir.join("pids").exists().then_some(())?;
+        let daemon = support::team::pids_with_arg(&format!("300.{m}1"));
+        let job = support::team::pids_with_arg(&format!("300.{m}2"));
+        let bash = support::team::bash_pids_running(&format!("300.{m}2"));
+        (daemon.len() == 1 && job.len() == 1 && bash.len() <= 1).then(|| {
+            let mut pids = vec![daemon[0], job[0]];
+            pids.extend(bash);
+            pids
+        })
     })
 }
 
@@ -697,28 +705,29 @@ fn wait_all_gone(pids: &[u64]) {
 }
 
 /// A command that starts a daemon in its own session and a plain background job, records
-/// their pids (and bash's), then `tail`.
-fn daemon_command(tail: &str) -> String {
+/// that they run, then runs `tail`. Their sleeps carry the marker `m` (see
+/// [`recorded_pids`]).
+fn daemon_command(m: &str, tail: &str) -> String {
     let cmd = format!(
-        "setsid sleep 300 & echo $! > pids.tmp; sleep 300 & echo $! >> pids.tmp; \
-         echo $$ >> pids.tmp; mv pids.tmp pids; {tail}"
+        "setsid sleep 300.{m}1 & sleep 300.{m}2 & sleep 0.2; echo ready > pids; {tail}"
     );
     json!({ "command": cmd }).to_string()
 }
 
 #[test]
 fn a_killed_worker_takes_a_running_commands_processes_with_it() {
+    let m = support::team::marker();
     let team = Team::new();
     team.add_member("erin", 1, false);
     let fake = FakeLlm::start([tool_turn(&[anthropic_tool_use_block(
         "tu_1",
         "bash",
-        &daemon_command("wait"),
+        &daemon_command(&m, "wait"),
     )])]);
     team.send("erin", "start the servers");
     let w = team.worker("erin", &fake.url(), &[]);
-    let pids = recorded_pids(&team, 3);
-    assert!(pids.iter().all(|&p| support::team::alive(p)));
+    let pids = recorded_pids(&team, &m);
+    assert_eq!(pids.len(), 3, "bash runs on: {pids:?}");
     w.signal(nix::sys::signal::Signal::SIGKILL);
     wait_all_gone(&pids);
 }
@@ -729,13 +738,14 @@ fn background_jobs_outlive_the_call_but_not_the_worker() {
         nix::sys::signal::Signal::SIGTERM,
         nix::sys::signal::Signal::SIGKILL,
     ] {
+        let m = support::team::marker();
         let team = Team::new();
         team.add_member("finn", 1, false);
         let fake = FakeLlm::start([
             tool_turn(&[anthropic_tool_use_block(
                 "tu_1",
                 "bash",
-                &daemon_command("echo started"),
+                &daemon_command(&m, "echo started"),
             )]),
             Reply::ok(anthropic_text("servers started")),
         ]);
@@ -744,9 +754,9 @@ fn background_jobs_outlive_the_call_but_not_the_worker() {
         wait_until(T, "finn idle", || {
             (team.status("finn") == MemberStatus::Idle).then_some(())
         });
-        let pids = recorded_pids(&team, 3);
+        let pids = recorded_pids(&team, &m);
         // bash has ended; what it started in the background runs on while the worker lives.
-        assert!(!support::team::alive(pids[2]));
+        assert_eq!(pids.len(), 2, "bash has ended: {pids:?}");
         assert!(
             pids[..2].iter().all(|&p| support::team::alive(p)),
             "{sig}: background jobs must live until the worker exits"

@@ -137,7 +137,7 @@ impl Settings {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub mode: Mode,
-    /// Every protection below is in force.
+    /// Every protection below is in force (`missing` is empty).
     pub active: bool,
     /// The Landlock ABI the kernel offers (0: none).
     #[serde(default)]
@@ -157,6 +157,10 @@ pub struct Status {
     /// What could not be set up, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// Choices made at start that people should know of (such as why commands do not run as
+    /// `nobody`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Set when `bash` refuses to run commands (`required` and something is missing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
@@ -603,9 +607,7 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                             failures.join("; ")
                         ));
                     }
-                    if let Some(n) = user_note.take() {
-                        missing.push(n);
-                    }
+                    let notes: Vec<String> = user_note.take().into_iter().collect();
                     let team_dir_hidden = ns != Namespaces::None
                         || !sb.rules.iter().any(|(p, _)| team_dir.starts_with(p));
                     if ns == Namespaces::None {
@@ -619,7 +621,10 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                             ));
                         }
                     }
-                    let active = abi >= 6 && ns != Namespaces::None && team_dir_hidden;
+                    let active = abi >= 6
+                        && ns != Namespaces::None
+                        && team_dir_hidden
+                        && missing.is_empty();
                     let refused =
                         (settings.mode == Mode::Required && !active).then(|| missing.join("; "));
                     sb.status = Status {
@@ -631,6 +636,7 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                         team_dir_hidden,
                         tmp: Some(tmp),
                         missing,
+                        notes,
                         refused,
                     };
                     if sb.status.refused.is_some() {
@@ -671,6 +677,7 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
             team_dir_hidden: false,
             tmp: None,
             missing,
+            notes: Vec::new(),
             refused,
         },
         plan: None,

@@ -120,3 +120,52 @@ fn off_runs_unsandboxed() {
     run(&s, "echo x > .team/owned");
     assert!(s.team.join("owned").exists());
 }
+
+#[test]
+fn as_root_commands_run_as_nobody_where_nobody_can_work() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work = t.path().join("work");
+    let team = work.join(".team");
+    std::fs::create_dir_all(&team).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sb = Sandbox::prepare(&Settings::default(), &work, &team, "bob");
+    let st = sb.status();
+    if must_be_active() {
+        assert!(st.active, "{st:?}");
+    }
+    if !st.active {
+        return;
+    }
+    assert_eq!(st.user, "nobody (uid 65534)", "{st:?}");
+    let s = Setup {
+        _t: t,
+        work,
+        team,
+        sb,
+    };
+    assert_eq!(run(&s, "id -u; echo x > mine && echo wrote").trim(), "65534\nwrote");
+}
+
+#[test]
+fn required_refuses_commands_when_something_is_missing() {
+    let s = setup(Settings {
+        mode: Mode::Required,
+        user: Some("no-such-user-here".to_owned()),
+        ..Settings::default()
+    });
+    let st = s.sb.status();
+    if !nix::unistd::geteuid().is_root() {
+        // --sandbox-user is refused for not being root: missing all the same.
+        assert!(st.refused.is_some(), "{st:?}");
+    }
+    assert!(!st.active && st.refused.is_some(), "{st:?}");
+    let out = run(&s, "echo ran > ran");
+    assert!(out.starts_with("not run: the sandbox is required"), "{out}");
+    assert!(!s.work.join("ran").exists());
+    assert!(st.describe().starts_with("required but unavailable"), "{}", st.describe());
+}

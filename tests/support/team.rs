@@ -234,3 +234,52 @@ pub fn alive(pid: u64) -> bool {
             .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
     })
 }
+
+/// The argument lists of every process of the machine, by pid.
+fn cmdlines() -> Vec<(u64, Vec<String>)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u64 = e.file_name().to_str()?.parse().ok()?;
+            let raw = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args = raw
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, args))
+        })
+        .collect()
+}
+
+/// A marker no other test's processes carry: commands run in their own PID namespace, so the
+/// pids they see are not the machine's, and tests find their processes by marker instead.
+pub fn marker() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!("{}{n:03}", std::process::id())
+}
+
+/// The live processes (as the machine numbers them) with `arg` among their arguments.
+pub fn pids_with_arg(arg: &str) -> Vec<u64> {
+    cmdlines()
+        .into_iter()
+        .filter(|(p, args)| args.iter().any(|a| a == arg) && alive(*p))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// The live `bash -c` processes whose command contains `fragment`.
+pub fn bash_pids_running(fragment: &str) -> Vec<u64> {
+    cmdlines()
+        .into_iter()
+        .filter(|(p, args)| {
+            args.first().is_some_and(|a| a == "bash")
+                && args.get(2).is_some_and(|c| c.contains(fragment))
+                && alive(*p)
+        })
+        .map(|(p, _)| p)
+        .collect()
+}
