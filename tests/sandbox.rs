@@ -21,8 +21,10 @@ use hostile::{Site, Snapshot, T, drive, leaks, sleepers, steps, within};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use support::fake_llm::{FakeLlm, Reply, anthropic_text};
+use support::fake_llm::{FakeLlm, Reply, anthropic_message, anthropic_text};
 use support::team::{Bg, alive};
+
+const USAGE: &str = r#"{"input_tokens":3,"output_tokens":2}"#;
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -241,4 +243,81 @@ fn hostile_calls_of_the_chat_lead_do_not_reach_the_team_or_the_key() {
         problems.join("\n  "),
         site.read_log("chat.stderr")
     );
+}
+
+/// Acceptance 2: with `--sandbox off` a command may write into the team dir (the documented
+/// behaviour: nothing confines it), and `lead status` says the tools run unsandboxed.
+#[test]
+fn sandbox_off_is_said_in_status() {
+    let site = Site::new();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    site.spawn(&url, "amy", "m-amy");
+    fake.push_for(
+        "m-amy",
+        Reply::ok(anthropic_message(
+            r#"{"type":"tool_use","id":"tu_1","name":"bash","input":{"command":"touch .team/owned_by_agent && echo made"}}"#,
+            "tool_use",
+            USAGE,
+        )),
+    );
+    fake.push_for("m-amy", Reply::ok(anthropic_text("touched")));
+    let mut lead = run(&site, &url, &["--sandbox", "off"], None);
+    site.wait_status("amy", "idle");
+    assert!(
+        site.team_dir().join("owned_by_agent").exists(),
+        "with --sandbox off the command could not write into the team dir; lead stderr:\n{}",
+        site.read_log("lead.stderr")
+    );
+    let status = site.sandbox_status("amy");
+    assert_eq!(status["mode"], "off", "amy's sandbox status: {status}");
+    assert_eq!(status["active"], false, "amy's sandbox status: {status}");
+    let text = site.status_text();
+    assert!(
+        text.contains("unsandboxed"),
+        "lead status does not say the tools run unsandboxed:\n{text}"
+    );
+    assert_eq!(stop(&mut lead.0, "lead run"), None);
+}
+
+/// Best effort: what the sandbox could not set up is named, in `lead status --json` and in the
+/// status for people; when nothing is missing, the sandbox is active.
+#[test]
+fn best_effort_reports_what_is_missing() {
+    let site = Site::new();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    site.spawn(&url, "amy", "m-amy");
+    fake.push_for("m-amy", Reply::ok(anthropic_text("ready")));
+    let mut lead = run(&site, &url, &["--sandbox", "best-effort"], None);
+    site.wait_status("amy", "idle");
+    let status = site.sandbox_status("amy");
+    assert_eq!(status["mode"], "best-effort", "{status}");
+    let missing: Vec<&str> = status["missing"]
+        .as_array()
+        .map(|m| m.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if status["active"] == true {
+        assert!(
+            missing.is_empty(),
+            "active, yet something missing: {status}"
+        );
+        assert!(status["landlock_abi"].as_u64() > Some(0), "{status}");
+    } else {
+        assert!(
+            !missing.is_empty() && missing.iter().all(|m| !m.trim().is_empty()),
+            "the sandbox is not active and does not say what is missing: {status}"
+        );
+        let text = site.status_text();
+        assert!(
+            missing.iter().all(|m| text.contains(m)),
+            "lead status does not name what the sandbox is missing ({missing:?}):\n{text}"
+        );
+    }
+    assert!(
+        status["refused"].is_null(),
+        "best-effort never refuses: {status}"
+    );
+    assert!(!in_ci() || status["active"] == true, "CI=true: {status}");
+    assert_eq!(stop(&mut lead.0, "lead run"), None);
 }
