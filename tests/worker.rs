@@ -708,9 +708,8 @@ fn wait_all_gone(pids: &[u64]) {
 /// that they run, then runs `tail`. Their sleeps carry the marker `m` (see
 /// [`recorded_pids`]).
 fn daemon_command(m: &str, tail: &str) -> String {
-    let cmd = format!(
-        "setsid sleep 300.{m}1 & sleep 300.{m}2 & sleep 0.2; echo ready > pids; {tail}"
-    );
+    let cmd =
+        format!("setsid sleep 300.{m}1 & sleep 300.{m}2 & sleep 0.2; echo ready > pids; {tail}");
     json!({ "command": cmd }).to_string()
 }
 

@@ -621,10 +621,8 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                             ));
                         }
                     }
-                    let active = abi >= 6
-                        && ns != Namespaces::None
-                        && team_dir_hidden
-                        && missing.is_empty();
+                    let active =
+                        abi >= 6 && ns != Namespaces::None && team_dir_hidden && missing.is_empty();
                     let refused =
                         (settings.mode == Mode::Required && !active).then(|| missing.join("; "));
                     sb.status = Status {

@@ -148,7 +148,10 @@ fn as_root_commands_run_as_nobody_where_nobody_can_work() {
         team,
         sb,
     };
-    assert_eq!(run(&s, "id -u; echo x > mine && echo wrote").trim(), "65534\nwrote");
+    assert_eq!(
+        run(&s, "id -u; echo x > mine && echo wrote").trim(),
+        "65534\nwrote"
+    );
 }
 
 #[test]
@@ -167,5 +170,9 @@ fn required_refuses_commands_when_something_is_missing() {
     let out = run(&s, "echo ran > ran");
     assert!(out.starts_with("not run: the sandbox is required"), "{out}");
     assert!(!s.work.join("ran").exists());
-    assert!(st.describe().starts_with("required but unavailable"), "{}", st.describe());
+    assert!(
+        st.describe().starts_with("required but unavailable"),
+        "{}",
+        st.describe()
+    );
 }

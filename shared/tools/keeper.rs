@@ -193,11 +193,17 @@ unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<
         if init == 0 {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             libc::close(sync[1]);
+            // The worker is not dumpable, so this copy's /proc files belong to root, and an
+            // unprivileged keeper could not write its maps: dumpable until they are written.
+            if user != 0 {
+                libc::prctl(libc::PR_SET_DUMPABLE, 1);
+            }
             let mut b = [0u8; 1];
             // EOF: the keeper died or could not write the maps.
             if libc::read(sync[0], b.as_mut_ptr().cast(), 1) != 1 {
                 libc::_exit(SETUP_FAILED);
             }
+            libc::prctl(libc::PR_SET_DUMPABLE, 0);
             libc::close(sync[0]);
             init_main(exec, link, sb)
         }
