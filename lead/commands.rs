@@ -191,7 +191,10 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             .collect();
         println!(
             "{}",
-            json!({"team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows})
+            json!({
+                "team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows,
+                "lead_sandbox": cfg.lead_sandbox,
+            })
         );
         return Ok(0);
     }
@@ -234,6 +237,9 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             Some((_, names)) => names.push(&m.name),
             None => lines.push((d, vec![&m.name])),
         }
+    }
+    if let Some(s) = &cfg.lead_sandbox {
+        lines.push((s.describe(), vec!["the lead (chat)"]));
     }
     if !lines.is_empty() {
         println!();

@@ -254,6 +254,10 @@ pub struct TeamConfig {
     pub team_name: String,
     #[serde(default)]
     pub members: Vec<Member>,
+    /// The sandbox of the LLM lead's own tools (`lead chat`, `lead demo`), as the latest one
+    /// found it at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lead_sandbox: Option<crate::sandbox::Status>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -263,6 +267,7 @@ impl Default for TeamConfig {
         TeamConfig {
             team_name: default_team_name(),
             members: Vec::new(),
+            lead_sandbox: None,
             extra: Map::new(),
         }
     }

@@ -195,6 +195,13 @@ fn hostile_calls_of_the_chat_lead_do_not_reach_the_team_or_the_key() {
     support::team::wait_until(T, "the chat lead's first model call", || {
         (fake.requests_for("m-lead") >= 1).then_some(())
     });
+    let lead_sandbox = site.lead_sandbox_status();
+    if std::env::var_os("CI").is_some() {
+        assert_eq!(
+            lead_sandbox["active"], true,
+            "CI=true and the chat lead's sandbox is not active: {lead_sandbox}"
+        );
+    }
     let before = Snapshot::take(&site);
     let mut problems = drive(
         &site,

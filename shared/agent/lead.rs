@@ -122,6 +122,13 @@ impl Lead {
             });
         };
         let (journal, conv) = conversation::resume(&s.team, &name, 0, &alive)?;
+        let sandbox = s.sandbox.status().clone();
+        if let Err(e) = Roster::new(&s.team).update(|c| {
+            c.lead_sandbox = Some(sandbox);
+            Ok(())
+        }) {
+            tracing::warn!("could not record the lead's sandbox in config.json: {e}");
+        }
         Ok(Lead {
             inbox: Inbox::new(&s.team, &name),
             roster: Roster::new(&s.team),

@@ -185,18 +185,15 @@ impl Site {
     /// The member's sandbox status as `lead status --json` shows it.
     pub fn sandbox_status(&self, name: &str) -> Value {
         let v = self.status_json();
-        let row = v["members"]
+        v["members"]
             .as_array()
-            .and_then(|ms| ms.iter().find(|m| m["name"] == name).cloned())
-            .unwrap_or(Value::Null);
-        if !row["sandbox"].is_null() {
-            return row["sandbox"].clone();
-        }
-        // TODO: `lead status --json` does not print the member's `sandbox` yet; read the record
-        // the worker wrote until it does, then drop this fallback.
-        self.member(name)
-            .map(|m| m["sandbox"].clone())
-            .unwrap_or(Value::Null)
+            .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+            .map_or(Value::Null, |m| m["sandbox"].clone())
+    }
+
+    /// The LLM lead's sandbox status as `lead status --json` shows it.
+    pub fn lead_sandbox_status(&self) -> Value {
+        self.status_json()["lead_sandbox"].clone()
     }
 
     /// Waits until the member is `status` with a live pid; returns the pid.
