@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use troupe::bench::{self, Discipline, Summary, round3};
 use troupe::config::{MemberStatus, Roster};
 use troupe::ops::{self, SpawnSpec};
-use troupe::{TeamDir, events};
+use troupe::{TeamDir, events, fsutil};
 
 use crate::supervisor::{self, Attach};
 
@@ -160,6 +160,8 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     wake_json["send_to_drained"] = serde_json::to_value(&wake.send_to_drained)?;
     wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
 
+    let bash_json = section(bash_round_trip(scratch));
+
     let team = team_bench(a, exe, scratch).unwrap_or_else(|e| {
         let err = section(Err(e));
         vec![("spawn_100", err)]
@@ -178,6 +180,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
         },
         "inbox_throughput": throughput,
         "wake_latency": wake_json,
+        "bash_round_trip": bash_json,
     });
     for (k, v) in team {
         doc[k] = v;
@@ -185,6 +188,40 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     doc["targets"] = targets(&doc);
     doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
     Ok(doc)
+}
+
+/// What the sandbox costs: the start-up probe of [`Sandbox::prepare`], and the round trip of
+/// one `true` through the bash tool, sandboxed and not.
+fn bash_round_trip(scratch: &Path) -> anyhow::Result<Value> {
+    use troupe::sandbox::{Sandbox, Settings};
+    const CALLS: usize = 50;
+    let work = scratch.join("bash-work");
+    let team = work.join(".team");
+    fsutil::create_dir(&team)?;
+    let t0 = Instant::now();
+    let on = Sandbox::prepare(&Settings::default(), &work, &team, "bench");
+    let prepare = t0.elapsed();
+    let off = Sandbox::off();
+    let wd = troupe::tools::fs::Workdir::new(&work)?;
+    let input = json!({"command": "true"});
+    let mut out = json!({"sandbox": on.status().describe(), "prepare_ms": round3(ms(prepare))});
+    for (key, sb) in [("off", &off), ("sandboxed", &on)] {
+        let mut samples = Vec::with_capacity(CALLS);
+        for _ in 0..CALLS {
+            let t = Instant::now();
+            let r = troupe::tools::bash::bash(&wd, sb, &input, Duration::from_secs(30));
+            samples.push(ms(t.elapsed()));
+            anyhow::ensure!(!r.is_error, "bash `true` ({key}) failed: {}", r.content);
+        }
+        samples.sort_by(f64::total_cmp);
+        let p = |q: f64| round3(samples[((samples.len() - 1) as f64 * q) as usize]);
+        out[key] = json!({"calls": CALLS, "p50_ms": p(0.5), "p99_ms": p(0.99)});
+    }
+    eprintln!(
+        "bash round trip: off p50 {} ms, sandboxed p50 {} ms; sandbox start-up probe {} ms ({})",
+        out["off"]["p50_ms"], out["sandboxed"]["p50_ms"], out["prepare_ms"], out["sandbox"]
+    );
+    Ok(out)
 }
 
 /// The budgets of issue 6, each with what was measured and whether it was met.

@@ -221,6 +221,15 @@ pub struct Sandbox {
     tmpdir: Option<PathBuf>,
 }
 
+impl Drop for Sandbox {
+    /// The private temp dir goes when the agent ends, if the commands left it empty.
+    fn drop(&mut self) {
+        if let Some(t) = &self.status.tmp {
+            let _ = std::fs::remove_dir(t);
+        }
+    }
+}
+
 /// What a command needs of its sandbox: built in the worker just before the fork.
 pub(crate) struct ForCommand {
     pub plan: Arc<Plan>,
@@ -330,7 +339,8 @@ pub fn kernel_landlock_abi() -> u32 {
 
 /// The agent's private temp dir: `TMP/troupe-UID/HASH-NAME`, HASH naming the team dir. The
 /// parent is ours and not a symlink (0711: another user can pass through to a name they
-/// know, not list it).
+/// know, not list it); one that another user made first is not used, and a fresh
+/// `troupe-UID-RANDOM` is made instead.
 fn private_tmp(
     team_dir: &Path,
     name: &str,
@@ -338,19 +348,26 @@ fn private_tmp(
 ) -> Result<PathBuf, String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let euid = nix::unistd::geteuid().as_raw();
-    let parent = std::env::temp_dir().join(format!("troupe-{euid}"));
+    let ours = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == euid);
+    let mut parent = std::env::temp_dir().join(format!("troupe-{euid}"));
     match std::fs::DirBuilder::new().mode(0o711).create(&parent) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && ours(&parent) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            tracing::warn!(
+                "{} belongs to another user or is not a directory; using a fresh temp dir",
+                parent.display()
+            );
+            parent = std::env::temp_dir().join(format!(
+                "troupe-{euid}-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            ));
+            std::fs::DirBuilder::new()
+                .mode(0o711)
+                .create(&parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
         Err(e) => return Err(format!("cannot create {}: {e}", parent.display())),
-    }
-    let meta = std::fs::symlink_metadata(&parent)
-        .map_err(|e| format!("cannot read {}: {e}", parent.display()))?;
-    if !meta.is_dir() || meta.uid() != euid {
-        return Err(format!(
-            "{} is not a directory of this user; remove it",
-            parent.display()
-        ));
     }
     let _ = std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o711));
     let hash = team_dir

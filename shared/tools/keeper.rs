@@ -185,7 +185,17 @@ unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<
         };
         let flags =
             (libc::CLONE_NEWPID | libc::CLONE_NEWNS | user | libc::SIGCHLD) as libc::c_ulong;
+        // The worker is not dumpable, so a copy's /proc files belong to root, and an
+        // unprivileged keeper could not write the init's maps: the init is born dumpable (set
+        // here, before the clone, so no write can come first) until its maps are written.
+        if user != 0 {
+            libc::prctl(libc::PR_SET_DUMPABLE, 1);
+        }
         let init = clone(flags);
+        if init != 0 {
+            // The keeper itself (the init clears its flag once its maps are written).
+            libc::prctl(libc::PR_SET_DUMPABLE, 0);
+        }
         if init < 0 {
             say(b"troupe-sandbox: creating the namespaces failed\n");
             setup_failed();
@@ -193,11 +203,6 @@ unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<
         if init == 0 {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             libc::close(sync[1]);
-            // The worker is not dumpable, so this copy's /proc files belong to root, and an
-            // unprivileged keeper could not write its maps: dumpable until they are written.
-            if user != 0 {
-                libc::prctl(libc::PR_SET_DUMPABLE, 1);
-            }
             let mut b = [0u8; 1];
             // EOF: the keeper died or could not write the maps.
             if libc::read(sync[0], b.as_mut_ptr().cast(), 1) != 1 {
