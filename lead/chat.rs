@@ -45,9 +45,9 @@ pub struct ChatArgs {
     /// Model calls allowed per turn.
     #[arg(long, default_value_t = 50)]
     pub max_calls: u64,
-    /// Bound on the characters of conversation sent per call.
-    #[arg(long, default_value_t = 400_000)]
-    pub context_chars: usize,
+    /// The model's context size in tokens (default: by model family).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2000..))]
+    pub context_tokens: Option<u64>,
     #[arg(long, default_value_t = 8192)]
     pub max_tokens: u32,
     /// The sandbox of the lead's bash, and of the workers of a supervisor chat starts.
@@ -127,7 +127,7 @@ fn settings(team: &TeamDir, workdir: &Path, a: &ChatArgs) -> LeadSettings {
         workdir: workdir.to_path_buf(),
         model: a.model.clone().unwrap_or_default(),
         max_calls: a.max_calls,
-        context_chars: a.context_chars,
+        context_tokens: a.context_tokens,
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(120),
         sandbox: Arc::new(Sandbox::prepare(&a.sandbox, workdir, team.root(), "lead")),

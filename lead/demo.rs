@@ -121,7 +121,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
         workdir: workdir.clone(),
         model: String::new(),
         max_calls: 20,
-        context_chars: 400_000,
+        context_tokens: None,
         max_tokens: 4096,
         bash_timeout: Duration::from_secs(120),
         sandbox: Arc::new(Sandbox::prepare(&a.sandbox, &workdir, team.root(), "lead")),

@@ -60,6 +60,17 @@ pub enum Entry {
     Idle { at: f64 },
     /// What the person said to the LLM lead (`lead chat`): a user turn of its own.
     User { text: String, at: f64 },
+    /// The conversation was compacted: every message before `keep_from` (an index into the
+    /// conversation as rebuilt up to this entry, unseen inbox messages flushed first) is
+    /// replaced by one user turn, `summary`. Replaying it rebuilds the same view.
+    Compaction {
+        summary: String,
+        keep_from: usize,
+        /// The estimated tokens of the prompt that made it compact.
+        #[serde(default)]
+        tokens_before: u64,
+        at: f64,
+    },
 }
 
 /// An open journal: an append descriptor plus the set of inbox ids already recorded.

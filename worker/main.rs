@@ -43,9 +43,10 @@ struct Args {
     /// Model calls allowed per activation.
     #[arg(long, env = "TROUPE_MAX_CALLS", default_value_t = 50)]
     max_calls: u64,
-    /// Characters of conversation sent to the model per call, at most.
-    #[arg(long, env = "TROUPE_CONTEXT_CHARS", default_value_t = 400_000)]
-    context_chars: usize,
+    /// The model's context size in tokens (default: by model family, 200,000 for Claude,
+    /// 128,000 for GPT-4o and unknown models); the conversation is compacted to stay inside it.
+    #[arg(long, env = "TROUPE_CONTEXT_TOKENS", value_parser = clap::value_parser!(u64).range(2000..))]
+    context_tokens: Option<u64>,
     /// max_tokens of each model call.
     #[arg(long, env = "TROUPE_MAX_TOKENS", default_value_t = 8192)]
     max_tokens: u32,
@@ -172,7 +173,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         name,
         workdir,
         max_calls: a.max_calls,
-        context_chars: a.context_chars,
+        context_tokens: a.context_tokens,
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(a.bash_timeout),
         api_wait_max: Duration::from_secs_f64(a.api_wait_max),

@@ -41,6 +41,8 @@ pub struct Rebuilt {
     pub last_text: String,
     /// Whether the last assistant turn ended without tool uses.
     pub turn_ended: bool,
+    /// Compactions applied.
+    pub compactions: u64,
 }
 
 impl Rebuilt {
@@ -122,6 +124,23 @@ impl Rebuilt {
             Entry::Idle { .. } => {
                 self.idle = true;
                 self.calls_this_activation = 0;
+            }
+            Entry::Compaction {
+                summary, keep_from, ..
+            } => {
+                // The live loop compacts right before a model call, after showing the model
+                // every unseen message.
+                self.flush_unseen();
+                let keep_from = (*keep_from).min(self.messages.len());
+                let kept = self.messages.split_off(keep_from);
+                self.messages = vec![ChatMessage {
+                    role: Role::User,
+                    content: vec![Block::Text {
+                        text: summary.clone(),
+                    }],
+                }];
+                self.messages.extend(kept);
+                self.compactions += 1;
             }
             Entry::User { text, .. } => {
                 // Messages consumed before the person spoke come first, in the same user turn.

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::agent::compaction;
 use crate::agent::conversation::{self, Rebuilt};
 use crate::agent::outage::{self, OnFailure};
 use crate::config::{MemberStatus, Roster};
@@ -45,7 +46,8 @@ pub struct LeadSettings {
     /// Model calls allowed per turn.
     pub max_calls: u64,
     /// Bound on the characters of conversation sent per call.
-    pub context_chars: usize,
+    /// The model's context size in tokens (`None`: the default of its family).
+    pub context_tokens: Option<u64>,
     pub max_tokens: u32,
     pub bash_timeout: Duration,
     /// The sandbox of its `bash` commands.
@@ -196,7 +198,14 @@ impl Lead {
             let req = ChatRequest {
                 model: self.s.model.clone(),
                 system: self.system_prompt(),
-                messages: conversation::bound(&self.conv.messages, self.s.context_chars),
+                messages: conversation::bound(
+                    &self.conv.messages,
+                    (self
+                        .s
+                        .context_tokens
+                        .unwrap_or_else(|| compaction::default_context_tokens(&self.s.model))
+                        * compaction::BYTES_PER_TOKEN) as usize,
+                ),
                 tools: tools::lead_specs(),
                 max_tokens: self.s.max_tokens,
                 agent: LEAD.to_owned(),

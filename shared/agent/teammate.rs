@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::agent::compaction;
 use crate::agent::conversation::{self, Rebuilt};
 use crate::agent::outage::{self, OnFailure};
 use crate::config::{Activity, ActivityState, MemberStatus, Roster, RosterWriter};
@@ -38,8 +39,9 @@ pub struct Settings {
     pub workdir: PathBuf,
     /// Model calls allowed per activation.
     pub max_calls: u64,
-    /// Bound on the characters of conversation sent per call.
-    pub context_chars: usize,
+    /// The model's context size in tokens (`None`: the default of its family); the
+    /// conversation is compacted to stay inside it (see [`compaction`]).
+    pub context_tokens: Option<u64>,
     pub max_tokens: u32,
     pub bash_timeout: Duration,
     /// The sandbox of its `bash` commands.
@@ -84,6 +86,8 @@ pub struct Teammate {
     status: Option<MemberStatus>,
     /// The activity this process last wrote, for the same reason.
     shown: Option<Activity>,
+    /// The model call for which a compaction was forced by a "prompt too long" answer.
+    forced_compaction: Option<u64>,
     /// The wait before the previous retry, while the model API is down.
     outage_wait: Option<Duration>,
     /// When the model API went down, while it is down.
@@ -120,6 +124,7 @@ impl Teammate {
             status: None,
             shown: None,
             outage_wait: None,
+            forced_compaction: None,
             outage_since: None,
             s,
             provider,
@@ -372,11 +377,31 @@ impl Teammate {
                 call: Some(call),
                 ..Activity::now(ActivityState::Working)
             });
+            let force = self.forced_compaction == Some(call);
+            if let Err(e) = self.compact_if_needed(false)? {
+                match self.ride_out(e, call, wake)? {
+                    Some(outcome) => return Ok(Some(outcome)),
+                    None => continue,
+                }
+            }
             let response = match self.call_model() {
                 Ok(r) => {
                     self.outage_wait = None;
                     self.outage_since = None;
                     r
+                }
+                // The API says the prompt is too long (the estimate was off): one compaction
+                // and one more try, never a restart loop.
+                Err(e) if compaction::too_long(&e) && !force => {
+                    tracing::warn!("{e}; compacting and trying once more");
+                    self.forced_compaction = Some(call);
+                    if let Err(e) = self.compact_if_needed(true)? {
+                        match self.ride_out(e, call, wake)? {
+                            Some(outcome) => return Ok(Some(outcome)),
+                            None => continue,
+                        }
+                    }
+                    continue;
                 }
                 Err(e) => match self.ride_out(e, call, wake)? {
                     Some(outcome) => return Ok(Some(outcome)),
@@ -411,6 +436,7 @@ impl Teammate {
             }
             let mut results = Vec::new();
             let mut inbox_ids = Vec::new();
+            let ctx = self.context();
             for (id, name, input) in uses {
                 let out = if response.stop_reason == StopReason::MaxTokens {
                     ToolOutput::cut_short()
@@ -419,7 +445,7 @@ impl Teammate {
                 };
                 results.push(Block::ToolResult {
                     tool_use_id: id,
-                    content: out.content,
+                    content: compaction::cut_middle(&out.content, compaction::result_cap(ctx)),
                     is_error: out.is_error,
                 });
             }
@@ -546,11 +572,124 @@ impl Teammate {
         )
     }
 
+    /// The context size in tokens.
+    fn context(&self) -> u64 {
+        self.s
+            .context_tokens
+            .unwrap_or_else(|| compaction::default_context_tokens(&self.model))
+    }
+
+    /// Who this agent is, for the turn that replaces compacted ones.
+    fn reminder(&self) -> String {
+        let open: Vec<String> = self
+            .requests
+            .list(Some(RequestStatus::Pending))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.from == self.s.name.as_str() || r.to == self.s.name.as_str())
+            .map(|r| {
+                format!(
+                    "{} ({:?} from {} to {})",
+                    r.request_id, r.kind, r.from, r.to
+                )
+            })
+            .collect();
+        let team = Roster::new(&self.s.team)
+            .load()
+            .map(|c| c.team_name)
+            .unwrap_or_default();
+        format!(
+            "You are {name}, a {role} on team {team:?}, run by the lead (\"lead\"). Your task: \
+             {prompt}\nOpen requests: {open}.",
+            name = self.s.name,
+            role = self.role,
+            prompt = self.prompt,
+            open = if open.is_empty() {
+                "none".to_owned()
+            } else {
+                open.join(", ")
+            }
+        )
+    }
+
+    /// Compacts the conversation before a model call when its prompt is estimated past
+    /// [`compaction::COMPACT_AT`] of the context (or at once, with a smaller recent part, when
+    /// `force`: the API said the prompt is too long). The summary is a model call of its own;
+    /// its failure is returned as the inner error, for the caller to ride out.
+    fn compact_if_needed(&mut self, force: bool) -> Result<std::result::Result<(), LlmError>> {
+        let ctx = self.context();
+        let system = self.system_prompt();
+        let specs = tools::teammate_specs(!self.plan_gate || self.gate_open);
+        let before = compaction::estimate(&system, &specs, &self.conv.messages);
+        if !force && !compaction::should_compact(before, ctx) {
+            return Ok(Ok(()));
+        }
+        let share = if force {
+            compaction::KEEP_RECENT / 2.0
+        } else {
+            compaction::KEEP_RECENT
+        };
+        let Some(at) = compaction::cut(&self.conv.messages, (ctx as f64 * share) as u64) else {
+            return Ok(Ok(()));
+        };
+        let req = ChatRequest {
+            model: self.model.clone(),
+            system: "You write the summary an agent keeps of its own earlier work when its \
+                     conversation outgrows its context."
+                .to_owned(),
+            messages: vec![crate::llm::ChatMessage {
+                role: crate::llm::Role::User,
+                content: vec![Block::Text {
+                    text: compaction::summary_request(&self.conv.messages[..at], ctx),
+                }],
+            }],
+            tools: Vec::new(),
+            max_tokens: self.s.max_tokens.min(4096),
+            agent: format!("{}.compaction", self.s.name),
+            seq: self.conv.compactions,
+        };
+        let response = match self.provider.complete(&req) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        let usage = response.usage;
+        self.write(move |m| m.usage.add(&usage));
+        let summary: Vec<&str> = response
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        let entry = Entry::Compaction {
+            summary: compaction::summary_turn(&self.reminder(), &summary.join("\n"), at),
+            keep_from: at,
+            tokens_before: before,
+            at: fsutil::now(),
+        };
+        self.journal.append(std::slice::from_ref(&entry))?;
+        self.conv.push_entry(&entry);
+        let after = compaction::estimate(&system, &specs, &self.conv.messages);
+        tracing::info!(
+            "compacted the conversation: {at} messages summarized, about {before} -> {after} tokens"
+        );
+        events::log(
+            &self.s.team,
+            "compacted",
+            json!({"name": self.s.name, "replaced": at, "tokens_before": before, "tokens_after": after, "forced": force}),
+        );
+        Ok(Ok(()))
+    }
+
     fn call_model(&mut self) -> std::result::Result<ChatResponse, LlmError> {
+        // Compaction keeps the prompt under the context; the bound is the last resort for a
+        // recent part that is itself too large (many large messages in one inbox batch).
+        let max_bytes = (self.context() * compaction::BYTES_PER_TOKEN) as usize;
         let req = ChatRequest {
             model: self.model.clone(),
             system: self.system_prompt(),
-            messages: conversation::bound(&self.conv.messages, self.s.context_chars),
+            messages: conversation::bound(&self.conv.messages, max_bytes),
             tools: tools::teammate_specs(!self.plan_gate || self.gate_open),
             max_tokens: self.s.max_tokens,
             agent: self.s.name.to_string(),

@@ -108,6 +108,9 @@ struct State {
     requests: Vec<Recorded>,
     /// While set, every request gets this reply and the script is left as it is (an outage).
     outage: Option<Reply>,
+    /// While set, every compaction request (an agent asking for a summary of its older turns)
+    /// gets this reply, and the script is left as it is.
+    compaction: Option<Reply>,
 }
 
 /// The running server; stops accepting when dropped.
@@ -129,6 +132,7 @@ impl FakeLlm {
             script: script.into_iter().collect(),
             requests: Vec::new(),
             outage: None,
+            compaction: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -188,6 +192,11 @@ impl FakeLlm {
         self.lock().outage = reply;
     }
 
+    /// Answers every compaction request with `reply` (see `troupe::agent::compaction`).
+    pub fn on_compaction(&self, reply: Reply) {
+        self.lock().compaction = Some(reply);
+    }
+
     /// Appends to the script.
     pub fn push(&self, reply: Reply) {
         self.lock().script.push_back(reply);
@@ -234,12 +243,17 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
         Some(q) => q.pop_front(),
         None => state.script.pop_front(),
     };
+    let compaction = request
+        .body
+        .to_string()
+        .contains("[compaction] Your conversation is about to be compacted");
     let (mut reply, patience) = {
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests.push(request);
-        match state.outage.clone() {
-            Some(r) => (Some(r), Duration::ZERO),
-            None => (pop(&mut state), state.patience),
+        match (state.outage.clone(), state.compaction.clone()) {
+            (Some(r), _) => (Some(r), Duration::ZERO),
+            (None, Some(r)) if compaction => (Some(r), Duration::ZERO),
+            _ => (pop(&mut state), state.patience),
         }
     };
     // A patient server waits a while for the test to push the reply this request needs (for
