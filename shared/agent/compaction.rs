@@ -15,7 +15,7 @@
 //! result loses its tool use). A tool result longer than [`RESULT_SHARE`] of the context is cut
 //! to its head and tail when it is journaled.
 
-use crate::llm::{Block, ChatMessage, LlmError, Role, ToolSpec};
+use crate::llm::{Block, ChatMessage, ChatRequest, ChatResponse, LlmError, Role, ToolSpec};
 
 /// Bytes per estimated token.
 pub const BYTES_PER_TOKEN: u64 = 3;
@@ -230,6 +230,47 @@ pub fn summary_request(old: &[ChatMessage], context: u64) -> String {
          only.\n\n<older_turns>\n{dropped}{}\n</older_turns>",
         lines[start..].join("\n")
     )
+}
+
+/// The model call that writes the summary of `old` for the agent named `agent` (its calls are
+/// numbered apart from the agent's own, for replayed cassettes: `AGENT.compaction`).
+pub fn summary_call(
+    model: &str,
+    context: u64,
+    old: &[ChatMessage],
+    max_tokens: u32,
+    agent: &str,
+    seq: u64,
+) -> ChatRequest {
+    ChatRequest {
+        model: model.to_owned(),
+        system: "You write the summary an agent keeps of its own earlier work when its \
+                 conversation outgrows its context."
+            .to_owned(),
+        messages: vec![ChatMessage {
+            role: Role::User,
+            content: vec![Block::Text {
+                text: summary_request(old, context),
+            }],
+        }],
+        tools: Vec::new(),
+        max_tokens: max_tokens.min(4096),
+        agent: format!("{agent}.compaction"),
+        seq,
+    }
+}
+
+/// The summary a [`summary_call`] answered.
+pub fn summary_of(response: &ChatResponse) -> String {
+    response
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The user turn that replaces the older turns: who the agent is, then its own summary.

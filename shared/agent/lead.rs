@@ -24,6 +24,7 @@ use crate::agent::conversation::{self, Rebuilt};
 use crate::agent::outage::{self, OnFailure};
 use crate::config::{MemberStatus, Roster};
 use crate::error::{Error, Result};
+use crate::events;
 use crate::fsutil::{self, HeldLock};
 use crate::inbox::{Durability, Inbox};
 use crate::llm::{Block, ChatRequest, LlmError, Provider, Role, StopReason, Usage};
@@ -195,16 +196,20 @@ impl Lead {
                 // Nothing new since the model's last answer.
                 _ => break,
             }
+            let ctx = self
+                .s
+                .context_tokens
+                .unwrap_or_else(|| compaction::default_context_tokens(&self.s.model));
+            if let Err(e) = self.compact_if_needed(ctx)? {
+                return Ok(TurnEnd::Llm(e));
+            }
             let req = ChatRequest {
                 model: self.s.model.clone(),
                 system: self.system_prompt(),
+                // Compaction keeps the prompt inside the context; the bound is the last resort.
                 messages: conversation::bound(
                     &self.conv.messages,
-                    (self
-                        .s
-                        .context_tokens
-                        .unwrap_or_else(|| compaction::default_context_tokens(&self.s.model))
-                        * compaction::BYTES_PER_TOKEN) as usize,
+                    (ctx * compaction::BYTES_PER_TOKEN) as usize,
                 ),
                 tools: tools::lead_specs(),
                 max_tokens: self.s.max_tokens,
@@ -279,6 +284,51 @@ impl Lead {
             self.conv.push_entry(&entry);
         }
         Ok(TurnEnd::Done)
+    }
+
+    /// Compacts the conversation when its prompt is estimated past
+    /// [`compaction::COMPACT_AT`] of the context, as a teammate does: the older turns are
+    /// replaced by the lead's own summary, journaled.
+    fn compact_if_needed(&mut self, ctx: u64) -> Result<std::result::Result<(), LlmError>> {
+        let system = self.system_prompt();
+        let specs = tools::lead_specs();
+        let before = compaction::estimate(&system, &specs, &self.conv.messages);
+        if !compaction::should_compact(before, ctx) {
+            return Ok(Ok(()));
+        }
+        let keep = (ctx as f64 * compaction::KEEP_RECENT) as u64;
+        let Some(at) = compaction::cut(&self.conv.messages, keep) else {
+            return Ok(Ok(()));
+        };
+        let req = compaction::summary_call(
+            &self.s.model,
+            ctx,
+            &self.conv.messages[..at],
+            self.s.max_tokens,
+            LEAD,
+            self.conv.compactions,
+        );
+        let response = match self.provider.complete(&req) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.usage.add(&response.usage);
+        let reminder = "You are the lead of this team: you spawn teammates, give them work, \
+                        answer their plans and shutdowns, and report to the person.";
+        let entry = Entry::Compaction {
+            summary: compaction::summary_turn(reminder, &compaction::summary_of(&response), at),
+            keep_from: at,
+            tokens_before: before,
+            at: fsutil::now(),
+        };
+        self.journal.append(std::slice::from_ref(&entry))?;
+        self.conv.push_entry(&entry);
+        events::log(
+            &self.s.team,
+            "compacted",
+            serde_json::json!({"name": LEAD, "replaced": at, "tokens_before": before}),
+        );
+        Ok(Ok(()))
     }
 
     /// Drains the inbox now (journaled first) without calling the model; the messages join the

@@ -632,38 +632,23 @@ impl Teammate {
         let Some(at) = compaction::cut(&self.conv.messages, (ctx as f64 * share) as u64) else {
             return Ok(Ok(()));
         };
-        let req = ChatRequest {
-            model: self.model.clone(),
-            system: "You write the summary an agent keeps of its own earlier work when its \
-                     conversation outgrows its context."
-                .to_owned(),
-            messages: vec![crate::llm::ChatMessage {
-                role: crate::llm::Role::User,
-                content: vec![Block::Text {
-                    text: compaction::summary_request(&self.conv.messages[..at], ctx),
-                }],
-            }],
-            tools: Vec::new(),
-            max_tokens: self.s.max_tokens.min(4096),
-            agent: format!("{}.compaction", self.s.name),
-            seq: self.conv.compactions,
-        };
+        let req = compaction::summary_call(
+            &self.model,
+            ctx,
+            &self.conv.messages[..at],
+            self.s.max_tokens,
+            self.s.name.as_str(),
+            self.conv.compactions,
+        );
         let response = match self.provider.complete(&req) {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
         let usage = response.usage;
         self.write(move |m| m.usage.add(&usage));
-        let summary: Vec<&str> = response
-            .content
-            .iter()
-            .filter_map(|b| match b {
-                Block::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect();
+        let summary = compaction::summary_of(&response);
         let entry = Entry::Compaction {
-            summary: compaction::summary_turn(&self.reminder(), &summary.join("\n"), at),
+            summary: compaction::summary_turn(&self.reminder(), &summary, at),
             keep_from: at,
             tokens_before: before,
             at: fsutil::now(),
