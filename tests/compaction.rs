@@ -138,3 +138,33 @@ fn a_prompt_too_long_answer_compacts_once_and_retries() {
     assert_eq!(compactions(&team, "jo"), 1);
     assert_eq!(team.member("jo").restarts, 0);
 }
+
+#[test]
+fn too_long_even_after_compaction_ends_the_activation_without_a_restart() {
+    let team = Team::new();
+    team.add_member("kim", 1, false);
+    let too_long = Reply::json(
+        400,
+        r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 212000 tokens > 200000 maximum"}}"#,
+    );
+    let fake = FakeLlm::start([
+        big_output_step(0),
+        big_output_step(1),
+        too_long.clone(),
+        too_long,
+    ])
+    .patient(T);
+    fake.on_compaction(Reply::ok(anthropic_text("two big outputs so far")));
+    team.send("kim", "go");
+    let w = team.worker("kim", &fake.url(), &[]);
+    wait_until(T, "kim idle", || {
+        (team.status("kim") == MemberStatus::Idle).then_some(())
+    });
+    let note = team
+        .lead_inbox()
+        .into_iter()
+        .find(|m| m.kind == troupe::message::MessageType::IdleNotification)
+        .expect("an idle notification");
+    assert!(note.content.contains("too long"), "{}", note.content);
+    assert!(support::team::alive(w.pid() as u64), "the worker exited");
+}

@@ -403,6 +403,16 @@ impl Teammate {
                     }
                     continue;
                 }
+                // Still too long after that compaction: the activation ends (an exit would be
+                // restarted into the same answer); the lead hears why in the idle summary.
+                Err(e) if compaction::too_long(&e) => {
+                    tracing::error!("{e}, even after a compaction; ending this activation");
+                    self.conv.last_text = format!(
+                        "I stopped: the model API says my prompt is too long even after I \
+                         compacted my conversation ({e})."
+                    );
+                    break;
+                }
                 Err(e) => match self.ride_out(e, call, wake)? {
                     Some(outcome) => return Ok(Some(outcome)),
                     // Drain what arrived meanwhile, then try again.
