@@ -396,6 +396,31 @@ fn private_tmp(
     Ok(dir)
 }
 
+/// Whether the permission bits let `uid`/`gid` (with no supplementary groups) pass through
+/// every ancestor of `dir` and write in it. ACLs are not read: a yes is confirmed by a probe.
+fn may_work_in(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let allows = |m: &std::fs::Metadata, bits: u32| {
+        let mode = m.mode();
+        let granted = if m.uid() == uid {
+            mode >> 6
+        } else if m.gid() == gid {
+            mode >> 3
+        } else {
+            mode
+        };
+        granted & bits == bits
+    };
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return false;
+    };
+    allows(&meta, 0o3)
+        && dir
+            .ancestors()
+            .skip(1)
+            .all(|a| std::fs::metadata(a).is_ok_and(|m| allows(&m, 0o1)))
+}
+
 /// The uid and gid of a user named by name or number.
 fn lookup_user(user: &str) -> Result<(libc::uid_t, libc::gid_t), String> {
     if let Ok(uid) = user.parse::<libc::uid_t>() {
@@ -544,6 +569,19 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 RunAs::User { uid, gid } => Some((*uid, *gid)),
                 _ => None,
             };
+            // A user the modes say cannot use the working dir is not worth a probe.
+            if auto
+                && i + 1 < users.len()
+                && let Some((uid, gid)) = owner
+                && !may_work_in(&workdir, uid, gid)
+            {
+                user_note = Some(format!(
+                    "{}: cannot enter or write the working dir (its modes); commands run as \
+                     root of their own user namespace, without capabilities",
+                    uname.as_deref().unwrap_or("user")
+                ));
+                continue;
+            }
             let tmp = match private_tmp(&team_dir, name, owner) {
                 Ok(t) => t,
                 Err(e) => {
