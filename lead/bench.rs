@@ -10,6 +10,10 @@
 //!   requests until the supervisor reaped the exit, `kill -9` of idle workers until they are
 //!   `idle` again in their next incarnation (the restart backoff shown apart), and the graceful
 //!   stop of whoever is left.
+//! - `prompt_cache`: one real worker (this binary started as `worker`) runs a 30-step tool loop
+//!   (`bash` printing 1.8 KB a step) against the caching stub of [`crate::cache_stub`], which
+//!   bills prompt caching by the documented rules; reports the share of prompt tokens read from
+//!   cache and whether the member's ledger equals what the stub billed.
 //! - `targets`: the budgets of issue 6 (DESIGN.md section 11), each with `met`. Reported, never
 //!   asserted.
 
@@ -57,6 +61,9 @@ pub struct BenchArgs {
     /// Scratch directory for the throwaway team dirs (default: the system temp dir).
     #[arg(long)]
     scratch: Option<PathBuf>,
+    /// Run only the prompt-cache section (the 30-step loop against the caching stub).
+    #[arg(long)]
+    prompt_cache_only: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -110,6 +117,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
 }
 
 fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow::Result<Value> {
+    if a.prompt_cache_only {
+        let mut doc = json!({
+            "machine": machine(scratch),
+            "git_commit": git_commit(),
+            "git_dirty": git_dirty(),
+            "prompt_cache": section(prompt_cache(exe, scratch)),
+        });
+        doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
+        return Ok(doc);
+    }
     let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
         let mut c = Command::new(exe);
         c.arg("bench-writer")
@@ -161,6 +178,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
 
     let bash_json = section(bash_round_trip(scratch));
+    let cache_json = section(prompt_cache(exe, scratch));
 
     let team = team_bench(a, exe, scratch).unwrap_or_else(|e| {
         let err = section(Err(e));
@@ -181,6 +199,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
         "inbox_throughput": throughput,
         "wake_latency": wake_json,
         "bash_round_trip": bash_json,
+        "prompt_cache": cache_json,
     });
     for (k, v) in team {
         doc[k] = v;
@@ -224,6 +243,121 @@ fn bash_round_trip(scratch: &Path) -> anyhow::Result<Value> {
     Ok(out)
 }
 
+/// Steps of the tool loop run against the caching stub.
+const CACHE_LOOP_STEPS: usize = 30;
+
+/// The share of prompt tokens read from cache over a 30-step tool loop of one real worker
+/// against the caching stub, and whether the member's ledger equals what the stub billed.
+fn prompt_cache(exe: &Path, scratch: &Path) -> anyhow::Result<Value> {
+    use crate::cache_stub::CacheStub;
+    use troupe::config::Member;
+    use troupe::inbox::{Durability, Inbox};
+    use troupe::message::{Message, MessageType};
+    const NAME: &str = "looper";
+    let stub = CacheStub::start(CACHE_LOOP_STEPS).context("failed to start the caching stub")?;
+    let team = TeamDir::create(scratch.join("cache-team"))?;
+    let work = scratch.join("cache-work");
+    fsutil::create_dir(&work)?;
+    Roster::new(&team).update(|c| {
+        let mut m = Member::new(NAME, "bench");
+        m.prompt = Some("Run the commands you are given, one step at a time.".to_owned());
+        c.members.push(m);
+        Ok(())
+    })?;
+    let name = troupe::AgentName::teammate(NAME)?;
+    let msg = Message::new(MessageType::Message, "lead", NAME, "Start.");
+    Inbox::new(&team, &name).append(&msg, Durability::ProcessCrash)?;
+    let mut cmd = Command::new(exe);
+    cmd.arg0("worker")
+        .args(["--name", NAME])
+        .arg("--team-dir")
+        .arg(team.root())
+        .arg("--workdir")
+        .arg(&work)
+        .env("TROUPE_PROVIDER", "anthropic")
+        .env("ANTHROPIC_API_KEY", "sk-bench-caching-stub")
+        .env("ANTHROPIC_BASE_URL", stub.url())
+        .env("TROUPE_LLM_TIMEOUT_SECS", "30")
+        .env_remove("MODEL_ID")
+        .env_remove("TROUPE_RECORD")
+        .env_remove("TROUPE_BUILD_ID")
+        .env_remove("TROUPE_MAX_CALLS")
+        .env_remove("TROUPE_CONTEXT_CHARS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0);
+    die_with_parent(&mut cmd);
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().context("failed to start the worker")?;
+    let done = (|| -> anyhow::Result<troupe::config::Member> {
+        let deadline = t0 + Duration::from_secs(300);
+        loop {
+            if let Some(st) = child.try_wait()? {
+                bail!("the worker exited with {st} during the loop");
+            }
+            let cfg = Roster::new(&team).load()?;
+            let m = cfg.require(NAME)?;
+            if m.status == MemberStatus::Idle && m.calls > CACHE_LOOP_STEPS as u64 {
+                return Ok(m.clone());
+            }
+            if Instant::now() >= deadline {
+                bail!("the {CACHE_LOOP_STEPS}-step loop did not finish within 300 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })();
+    let elapsed = t0.elapsed();
+    let _ = nix::sys::signal::killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+    let _ = child.wait();
+    let member = done?;
+    let calls = stub.calls();
+    let refused = calls.iter().filter(|c| c.status != 200).count();
+    let t = stub.total();
+    let u = member.usage;
+    let ledger_matches = (
+        u.input_tokens,
+        u.output_tokens,
+        u.cache_creation_input_tokens,
+        u.cache_read_input_tokens,
+    ) == (
+        t.input_tokens,
+        t.output_tokens,
+        t.cache_creation_input_tokens,
+        t.cache_read_input_tokens,
+    );
+    let share = t.cache_read_share();
+    eprintln!(
+        "prompt cache: {CACHE_LOOP_STEPS}-step loop, {} calls: {:.1} % of {} prompt tokens read \
+         from cache (input {}, write {}, read {}); ledger {} the stub's bill",
+        calls.len(),
+        share * 100.0,
+        t.prompt_tokens(),
+        t.input_tokens,
+        t.cache_creation_input_tokens,
+        t.cache_read_input_tokens,
+        if ledger_matches {
+            "equals"
+        } else {
+            "DIFFERS from"
+        }
+    );
+    Ok(json!({
+        "measured": "one worker, a 30-step bash loop (1.8 KB output a step) against the caching \
+                     stub (documented rules; tokens estimated as bytes/4)",
+        "steps": CACHE_LOOP_STEPS,
+        "calls": calls.len(),
+        "refused_calls": refused,
+        "input_tokens": t.input_tokens,
+        "cache_creation_input_tokens": t.cache_creation_input_tokens,
+        "cache_read_input_tokens": t.cache_read_input_tokens,
+        "output_tokens": t.output_tokens,
+        "cache_read_share": round3(share),
+        "ledger_matches_billing": ledger_matches,
+        "seconds": round3(elapsed.as_secs_f64()),
+    }))
+}
+
 /// The budgets of issue 6, each with what was measured and whether it was met.
 fn targets(doc: &Value) -> Value {
     let t4 = doc["inbox_throughput"]
@@ -241,7 +375,13 @@ fn targets(doc: &Value) -> Value {
     let workers = doc["spawn_100"]["workers"].as_u64();
     let rss = doc["spawn_100"]["rss_mb_mean"].as_f64();
     let shut_p50 = doc["shutdown_round_trip"]["p50_ms"].as_f64();
+    let cache_share = doc["prompt_cache"]["cache_read_share"].as_f64();
     json!({
+        "prompt_cache_read_share": {
+            "target": ">= 0.85 of prompt tokens read from cache over the 30-step loop (issue 12)",
+            "share": cache_share,
+            "met": cache_share.is_some_and(|s| s >= 0.85),
+        },
         "throughput_4_writers": {
             "target": ">= 300000 msgs/s with 4 writers and 0 lost",
             "msgs_per_sec": rate.map(|r| r.round()),

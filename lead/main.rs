@@ -10,6 +10,7 @@
 //! same build is at hand (see [`worker_exe`]).
 
 mod bench;
+mod cache_stub;
 mod chat;
 mod commands;
 mod demo;

@@ -172,7 +172,9 @@ fn anthropic_text_turn_sends_the_documented_request() {
     );
     assert_eq!(
         body["messages"],
-        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+        json!([{"role": "user", "content": [
+            {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+        ]}])
     );
     let sent_tools = body["tools"].as_array().expect("tools");
     let names: Vec<&str> = sent_tools
@@ -235,7 +237,8 @@ fn anthropic_one_tool_use_then_its_result() {
                 {"type": "tool_use", "id": "toolu_01A", "name": "bash", "input": {"command": "ls -la"}}
             ]},
             {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_01A", "content": "bash done"}
+                {"type": "tool_result", "tool_use_id": "toolu_01A", "content": "bash done",
+                 "cache_control": {"type": "ephemeral"}}
             ]}
         ])
     );

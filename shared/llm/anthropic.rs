@@ -2,10 +2,16 @@
 //!
 //! Translation rules:
 //!
-//! - The system prompt goes out as one text block carrying `cache_control: ephemeral`, and the
-//!   last tool carries one too, so the stable prefix (tools, then system) is cached across calls.
-//!   Tools are serialized in the order given, fields in a fixed order, so the prefix stays
-//!   byte-identical.
+//! - Prompt caching: three breakpoints (`cache_control: ephemeral`), never more (the API allows
+//!   4): on the last tool, on the system prompt (one text block), and on the last block of the
+//!   conversation, moved to the newest block on every call. The API caches the prefix ending at
+//!   each breakpoint and, on the next call, finds the previous call's prefix by looking back (up
+//!   to 20 blocks) from the new last-block breakpoint: each call reads what the one before wrote
+//!   and pays full price only for what was added since. For that the prefix must be re-sent byte
+//!   for byte: tools in the order given, every struct's fields in a fixed order, JSON inputs and
+//!   schemas with sorted keys (serde_json's map), no timestamps or per-call data anywhere in the
+//!   body, and earlier turns rebuilt from the same blocks each time. The `cache_control` marker
+//!   itself is not part of the cached content, so moving it does not change the prefix.
 //! - Messages are normalized (see `llm::normalize`): roles alternate, blank text is dropped,
 //!   `tool_result` blocks lead their user message.
 //! - A `tool_use` whose input is not a JSON object (an invalid-arguments call recorded from an
@@ -142,7 +148,7 @@ impl Provider for Anthropic {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone, Copy)]
 struct CacheControl {
     #[serde(rename = "type")]
     kind: &'static str,
@@ -189,18 +195,35 @@ struct WireMessage<'a> {
 enum WireBlock<'a> {
     Text {
         text: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
     ToolUse {
         id: &'a str,
         name: &'a str,
         input: &'a Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
     ToolResult {
         tool_use_id: &'a str,
         content: &'a str,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
+}
+
+impl WireBlock<'_> {
+    /// Makes this block a cache breakpoint.
+    fn mark(&mut self) {
+        match self {
+            WireBlock::Text { cache_control, .. }
+            | WireBlock::ToolUse { cache_control, .. }
+            | WireBlock::ToolResult { cache_control, .. } => *cache_control = Some(EPHEMERAL),
+        }
+    }
 }
 
 static EMPTY_OBJECT: std::sync::LazyLock<Value> =
@@ -234,7 +257,7 @@ fn wire_request<'a>(req: &'a ChatRequest, model: &'a str) -> WireRequest<'a> {
             cache_control: (i == last_tool).then_some(EPHEMERAL),
         })
         .collect();
-    let messages = normalize(&req.messages)
+    let mut messages: Vec<WireMessage<'a>> = normalize(&req.messages)
         .into_iter()
         .map(|turn| WireMessage {
             role: match turn.role {
@@ -244,6 +267,10 @@ fn wire_request<'a>(req: &'a ChatRequest, model: &'a str) -> WireRequest<'a> {
             content: turn.blocks.into_iter().map(wire_block).collect(),
         })
         .collect();
+    // The moving breakpoint: the newest block, so the next call reads this whole prefix.
+    if let Some(last) = messages.last_mut().and_then(|m| m.content.last_mut()) {
+        last.mark();
+    }
     WireRequest {
         model,
         max_tokens: req.max_tokens,
@@ -255,7 +282,10 @@ fn wire_request<'a>(req: &'a ChatRequest, model: &'a str) -> WireRequest<'a> {
 
 fn wire_block(block: &Block) -> WireBlock<'_> {
     match block {
-        Block::Text { text } => WireBlock::Text { text },
+        Block::Text { text } => WireBlock::Text {
+            text,
+            cache_control: None,
+        },
         Block::ToolUse { id, name, input } => WireBlock::ToolUse {
             id,
             name,
@@ -264,6 +294,7 @@ fn wire_block(block: &Block) -> WireBlock<'_> {
             } else {
                 &EMPTY_OBJECT
             },
+            cache_control: None,
         },
         Block::ToolResult {
             tool_use_id,
@@ -273,6 +304,7 @@ fn wire_block(block: &Block) -> WireBlock<'_> {
             tool_use_id,
             content,
             is_error: *is_error,
+            cache_control: None,
         },
     }
 }
@@ -461,7 +493,7 @@ mod tests {
                     ]},
                     {"role": "user", "content": [
                         {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a\nb", "is_error": true},
-                        {"type": "text", "text": "<inbox>hi</inbox>"}
+                        {"type": "text", "text": "<inbox>hi</inbox>", "cache_control": {"type": "ephemeral"}}
                     ]}
                 ],
                 "tools": [
@@ -490,6 +522,90 @@ mod tests {
             tools.ends_with("\"cache_control\":{\"type\":\"ephemeral\"}}]}"),
             "{tools}"
         );
+    }
+
+    const MARK: &str = ",\"cache_control\":{\"type\":\"ephemeral\"}";
+
+    /// `req` one step further: the model called a tool and its result came back.
+    fn one_step_more(req: &ChatRequest, n: usize) -> ChatRequest {
+        let mut next = req.clone();
+        let id = format!("toolu_step{n}");
+        next.messages.push(ChatMessage {
+            role: Role::Assistant,
+            content: vec![Block::ToolUse {
+                id: id.clone(),
+                name: "bash".into(),
+                input: json!({"command": format!("echo {n}"), "b": 1, "a": [true, null]}),
+            }],
+        });
+        next.messages.push(ChatMessage {
+            role: Role::User,
+            content: vec![Block::ToolResult {
+                tool_use_id: id,
+                content: format!("{n}\n"),
+                is_error: false,
+            }],
+        });
+        next
+    }
+
+    #[test]
+    fn the_last_block_is_a_breakpoint_and_there_are_never_more_than_four() {
+        let mut req = request();
+        for n in 0..25 {
+            let body = serde_json::to_string(&wire_request(&req, "m")).expect("json");
+            // Tools, system, last block: 3 of the 4 the API allows.
+            assert_eq!(body.matches("cache_control").count(), 3, "{body}");
+            let v: Value = serde_json::from_str(&body).expect("json");
+            let messages = v["messages"].as_array().expect("messages");
+            let marked: Vec<(usize, usize)> = messages
+                .iter()
+                .enumerate()
+                .flat_map(|(i, m)| {
+                    let blocks = m["content"].as_array().expect("blocks");
+                    blocks
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, b)| b.get("cache_control").is_some())
+                        .map(move |(j, _)| (i, j))
+                })
+                .collect();
+            let last = messages.len() - 1;
+            let last_block = messages[last]["content"].as_array().expect("blocks").len() - 1;
+            assert_eq!(marked, vec![(last, last_block)]);
+            req = one_step_more(&req, n);
+        }
+        // Without tools or system only the conversation's breakpoint is left.
+        req.system = String::new();
+        req.tools.clear();
+        let body = serde_json::to_string(&wire_request(&req, "m")).expect("json");
+        assert_eq!(body.matches("cache_control").count(), 1);
+        // No conversation: only tools and system.
+        let mut req = request();
+        req.messages.clear();
+        let body = serde_json::to_string(&wire_request(&req, "m")).expect("json");
+        assert_eq!(body.matches("cache_control").count(), 2);
+    }
+
+    #[test]
+    fn earlier_turns_are_resent_byte_for_byte() {
+        // The bytes of call n+1, with the breakpoint markers taken out, begin with the bytes of
+        // call n up to the end of its last message: the prefix the API cached is found again.
+        let mut req = request();
+        let mut before = serde_json::to_string(&wire_request(&req, "m")).expect("json");
+        for n in 0..10 {
+            req = one_step_more(&req, n);
+            let after = serde_json::to_string(&wire_request(&req, "m")).expect("json");
+            let prev = before.replace(MARK, "");
+            let end = prev.find("],\"tools\":").expect("messages end");
+            let now = after.replace(MARK, "");
+            assert!(now.starts_with(&prev[..end]), "{prev}\n{now}");
+            assert!(now[end..].starts_with(",{\"role\":\"assistant\""));
+            // The same request twice: the same bytes (no clock, no per-call state).
+            let again = serde_json::to_string(&wire_request(&req.clone(), "m")).expect("json");
+            assert_eq!(after, again);
+            before = after;
+        }
     }
 
     #[test]

@@ -638,6 +638,45 @@ mod tests {
     }
 
     #[test]
+    fn cached_prompt_tokens_are_cache_reads() {
+        let usage = |u: &str| {
+            let body = format!(
+                r#"{{"choices":[{{"finish_reason":"stop","message":{{"content":"ok"}}}}],"usage":{u}}}"#
+            );
+            parse_response(&body, "m").expect("parses").usage
+        };
+        // What the server read from its prefix cache lands in the ledger as a cache read; the
+        // rest of the prompt is plain input, and there is no write fee.
+        assert_eq!(
+            usage(
+                r#"{"prompt_tokens":2048,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":1920}}"#
+            ),
+            Usage {
+                input_tokens: 128,
+                output_tokens: 7,
+                cache_creation_input_tokens: 0,
+                cache_read_input_tokens: 1920
+            }
+        );
+        // Servers without the details (llama.cpp, older vLLM) or with null: nothing cached.
+        for u in [
+            r#"{"prompt_tokens":50,"completion_tokens":1}"#,
+            r#"{"prompt_tokens":50,"completion_tokens":1,"prompt_tokens_details":null}"#,
+            r#"{"prompt_tokens":50,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":null}}"#,
+        ] {
+            let got = usage(u);
+            assert_eq!(
+                (got.input_tokens, got.cache_read_input_tokens),
+                (50, 0),
+                "{u}"
+            );
+        }
+        // A server claiming more cached than prompt tokens is capped, never a negative input.
+        let got = usage(r#"{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":64}}"#);
+        assert_eq!((got.input_tokens, got.cache_read_input_tokens), (0, 10));
+    }
+
+    #[test]
     fn maps_finish_reasons() {
         let parse = |reason: &str, calls: bool| {
             let calls = if calls {
