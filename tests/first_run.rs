@@ -42,13 +42,39 @@ fn lone_lead(dir: &Path) -> PathBuf {
 
 /// `lead demo --pace-ms 0 --dir DIR` run by `lead`, without any provider settings.
 fn demo(lead: &Path, dir: &Path) -> Output {
-    clean(
+    run_out(clean(
         Command::new(lead)
             .args(["demo", "--pace-ms", "0", "--dir"])
             .arg(dir),
-    )
-    .output()
-    .unwrap()
+    ))
+}
+
+/// Runs `cmd` to completion, again while exec says the binary is busy: a copy this test just
+/// wrote can still be open for writing in a child that another test thread forked and that
+/// has not exec'd yet (ETXTBSY).
+fn run_out(cmd: &mut Command) -> Output {
+    for _ in 0..50 {
+        match cmd.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
+    cmd.output().unwrap()
+}
+
+/// [`run_out`] for a process left running.
+fn run_bg(cmd: &mut Command) -> std::process::Child {
+    for _ in 0..50 {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
+    cmd.spawn().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -148,7 +174,7 @@ fn an_unusable_troupe_worker_stops_lead_run_before_ready() {
         .env("NOTIFY_SOCKET", &sock_path)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let mut sup = Bg(cmd.spawn().unwrap());
+    let mut sup = Bg(run_bg(&mut cmd));
     let status = wait_until(Duration::from_secs(10), "lead run to exit", || {
         sup.0.try_wait().unwrap()
     });
@@ -189,7 +215,7 @@ fn lead_run_detach_shows_why_the_supervisor_did_not_start() {
         .args(["run", "--detach"])
         .current_dir(tmp.path())
         .env("TROUPE_WORKER", &missing);
-    let out = cmd.output().unwrap();
+    let out = run_out(&mut cmd);
     let stdout = text(&out.stdout);
     if let Ok(pid) = stdout.trim().parse::<i32>() {
         // Started after all (the bug): do not leave it running.
@@ -223,7 +249,7 @@ fn a_worker_started_for_a_lead_of_another_build_refuses_to_run() {
         .env("TROUPE_BUILD_ID", "0.0.1-00000000deadbeef")
         .env("TROUPE_PROVIDER", "replay")
         .env("TROUPE_CASSETTE", team.path().join("none.jsonl"));
-    let out = cmd.output().unwrap();
+    let out = run_out(&mut cmd);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -247,7 +273,7 @@ fn a_worker_started_for_a_lead_of_another_build_refuses_to_run() {
 #[test]
 fn the_worker_and_the_leads_built_in_worker_have_one_build_id() {
     let answer = |cmd: &mut Command| {
-        let out = clean(cmd.arg("--build-id")).output().unwrap();
+        let out = run_out(clean(cmd.arg("--build-id")));
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         text(&out.stdout)
     };
@@ -282,11 +308,11 @@ fn the_built_in_worker_shows_as_worker_in_ps() {
             .env("ANTHROPIC_BASE_URL", fake.url());
         c
     };
-    let spawned = cmd(&["spawn", "alice", "--role", "coder", "--prompt", "hi"])
-        .output()
-        .unwrap();
+    let spawned = run_out(&mut cmd(&[
+        "spawn", "alice", "--role", "coder", "--prompt", "hi",
+    ]));
     assert_eq!(spawned.status.code(), Some(0), "{}", text(&spawned.stderr));
-    let _sup = Bg(cmd(&["run"]).stderr(Stdio::null()).spawn().unwrap());
+    let _sup = Bg(run_bg(cmd(&["run"]).stderr(Stdio::null())));
     let team = TeamDir::open(&team).unwrap();
     let pid = wait_until(T, "alice idle", || {
         let cfg = Roster::new(&team).load().ok()?;
