@@ -246,7 +246,8 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
         "PENDING"
     );
     for (m, d) in cfg.members.iter().zip(&doings) {
-        let tokens = m.usage.input_tokens + m.usage.output_tokens;
+        // Every token billed: input, output, cache writes and reads (what --budget-tokens counts).
+        let tokens = troupe::cost::total_tokens(&m.usage);
         let p = pending_of(&m.name);
         println!(
             "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10} {:>9} {:>5}  {:<9} {}{}",
