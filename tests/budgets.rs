@@ -306,3 +306,43 @@ fn done_costing() -> Reply {
         USAGE,
     ))
 }
+
+#[test]
+fn the_llm_leads_spend_counts_toward_the_team_budget() {
+    let team = Team::new();
+    // A team budget written by hand, as config.json allows.
+    std::fs::write(
+        team.dir.config(),
+        r#"{"team_name":"t","members":[],"team_budget_usd":0.005}"#,
+    )
+    .unwrap();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    fake.push_for("m-lead", done_costing());
+    let p = prices(&team);
+    let o = out(&mut lead(
+        &team,
+        &url,
+        &["chat", "-p", "hello", "--model", "m-lead", "--prices", &p],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("the lead spent $0.0100 this session") && err.contains("the team $0.0100"),
+        "{err}"
+    );
+    let cfg = troupe::config::Roster::new(&team.dir).load().unwrap();
+    let lead_spend = cfg.lead_spend.unwrap();
+    assert_eq!(lead_spend.calls, 1);
+    assert!((lead_spend.cost_usd - 0.01).abs() < 1e-9);
+    let v = stdout_json(&out(&mut lead(&team, &url, &["status", "--json"])));
+    assert!((v["team"]["lead"]["cost_usd"].as_f64().unwrap() - 0.01).abs() < 1e-9);
+    // The lead alone took the team over its budget: no spawn.
+    let o = out(&mut lead(
+        &team,
+        &url,
+        &["spawn", "c", "--role", "r", "--prompt", "p"],
+    ));
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the team spent $0.0100"));
+}
