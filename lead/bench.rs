@@ -709,6 +709,8 @@ fn spawn_phase(
                         prompt: "Say you are ready.".into(),
                         model: None,
                         require_plan_approval: false,
+                        budget_usd: None,
+                        budget_tokens: None,
                     },
                 )?;
                 at.push(t0.elapsed());

@@ -50,6 +50,10 @@ pub struct ChatArgs {
     pub context_tokens: Option<u64>,
     #[arg(long, default_value_t = 8192)]
     pub max_tokens: u32,
+    /// A price file (JSON: model-id prefix -> per-million prices) over the built-in prices,
+    /// for the lead's own calls and a supervisor chat starts.
+    #[arg(long, env = "TROUPE_PRICES")]
+    pub prices: Option<PathBuf>,
     /// The sandbox of the lead's bash, and of the workers of a supervisor chat starts.
     #[command(flatten)]
     pub sandbox: troupe::sandbox::Settings,
@@ -121,8 +125,14 @@ impl OwnSupervisor {
 }
 
 /// Builds the lead's settings from the chat flags.
-fn settings(team: &TeamDir, workdir: &Path, a: &ChatArgs) -> LeadSettings {
+fn settings(
+    team: &TeamDir,
+    workdir: &Path,
+    a: &ChatArgs,
+    prices: troupe::cost::PriceTable,
+) -> LeadSettings {
     LeadSettings {
+        prices: Arc::new(prices),
         team: team.clone(),
         workdir: workdir.to_path_buf(),
         model: a.model.clone().unwrap_or_default(),
@@ -141,7 +151,17 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
-    let env = EnvOverlay::default();
+    let prices = troupe::cost::PriceTable::load(a.prices.as_deref())?;
+    let mut env = EnvOverlay::default();
+    if let Some(p) = &a.prices {
+        let p = std::path::absolute(p)?;
+        env.0.push((
+            troupe::cost::PRICES_ENV.to_owned(),
+            p.to_str()
+                .context("--prices is not valid UTF-8")?
+                .to_owned(),
+        ));
+    }
     let provider = match env.provider() {
         Ok(p) => p,
         Err(e) => {
@@ -151,7 +171,7 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
     };
     let signals = Signals::install().context("failed to install signal handlers")?;
     let mut lead = Lead::open(
-        settings(&team, &workdir, &a),
+        settings(&team, &workdir, &a, prices),
         provider,
         signals.term.clone(),
     )?;
@@ -164,7 +184,26 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
         eprintln!("lead: stopping the team");
         own.stop()?;
     }
+    eprintln!("lead: {}", spend_line(&team, &lead));
     result
+}
+
+/// The lead's own spend this session, and the team's: the last line of `lead chat`.
+fn spend_line(team: &TeamDir, lead: &Lead) -> String {
+    let u = lead.usage();
+    let share =
+        troupe::cost::cache_read_share(&u).map_or("-".to_owned(), |s| format!("{:.0}%", s * 100.0));
+    let team_cost = troupe::config::Roster::new(team)
+        .load()
+        .map(|c| troupe::cost::usd(troupe::cost::team_spend(&c).cost_usd))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    format!(
+        "the lead spent {} this session ({} input, {} output tokens, {share} of input read from \
+         cache); the team {team_cost} in all",
+        troupe::cost::usd(lead.cost_usd()),
+        u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens,
+        u.output_tokens,
+    )
 }
 
 /// Prints what the lead did: its text on stdout, tool calls and arrivals on stderr.

@@ -37,8 +37,26 @@ pub struct SpawnArgs {
     /// Withhold bash/write_file/edit_file until a plan is approved.
     #[arg(long)]
     require_plan_approval: bool,
+    /// The most it may spend over its life, in US dollars (replaces its budget; raise it to
+    /// spawn a member shut down for budget again).
+    #[arg(long, value_parser = parse_usd)]
+    budget_usd: Option<f64>,
+    /// The most tokens (input, output, cache write and read) it may use over its life.
+    #[arg(long)]
+    budget_tokens: Option<u64>,
     #[arg(long)]
     json: bool,
+}
+
+/// A non-negative number of US dollars.
+pub fn parse_usd(s: &str) -> Result<f64, String> {
+    let x: f64 = s
+        .parse()
+        .map_err(|e| format!("not a number of dollars: {e}"))?;
+    if !x.is_finite() || x < 0.0 {
+        return Err("must be a non-negative number of dollars".to_owned());
+    }
+    Ok(x)
 }
 
 pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
@@ -59,6 +77,8 @@ pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
             prompt,
             model: a.model,
             require_plan_approval: a.require_plan_approval,
+            budget_usd: a.budget_usd,
+            budget_tokens: a.budget_tokens,
         },
     )?;
     if a.json {
@@ -186,27 +206,51 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                     "incarnation": m.incarnation, "restarts": m.restarts, "last_exit": m.last_exit,
                     "usage": m.usage, "calls": m.calls, "pending_requests": pending_of(&m.name),
                     "reason": m.reason, "doing": d, "sandbox": m.sandbox,
+                    "cost_usd": m.cost_usd,
+                    "cache_read_share": troupe::cost::cache_read_share(&m.usage),
+                    "budget_usd": m.budget_usd, "budget_tokens": m.budget_tokens,
+                    "ledger": m.ledger,
                 })
             })
             .collect();
+        let team_spend = troupe::cost::team_spend(&cfg);
         println!(
             "{}",
             json!({
                 "team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows,
                 "lead_sandbox": cfg.lead_sandbox,
+                "team": {
+                    "cost_usd": team_spend.cost_usd, "calls": team_spend.calls,
+                    "usage": team_spend.usage,
+                    "cache_read_share": troupe::cost::cache_read_share(&team_spend.usage),
+                    "budget_usd": cfg.team_budget_usd,
+                    "over_budget": troupe::cost::team_over_budget(&cfg),
+                    "lead": cfg.lead_spend.unwrap_or_default(),
+                },
             })
         );
         return Ok(0);
     }
     println!(
-        "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  {:<9} DOING",
-        "NAME", "ROLE", "STATUS", "PID", "INC", "RESTARTS", "LAST_EXIT", "TOKENS", "PENDING"
+        "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10} {:>9} {:>5}  {:<9} DOING",
+        "NAME",
+        "ROLE",
+        "STATUS",
+        "PID",
+        "INC",
+        "RESTARTS",
+        "LAST_EXIT",
+        "TOKENS",
+        "COST",
+        "CACHE",
+        "PENDING"
     );
     for (m, d) in cfg.members.iter().zip(&doings) {
-        let tokens = m.usage.input_tokens + m.usage.output_tokens;
+        // Every token billed: input, output, cache writes and reads (what --budget-tokens counts).
+        let tokens = troupe::cost::total_tokens(&m.usage);
         let p = pending_of(&m.name);
         println!(
-            "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10}  {:<9} {}{}",
+            "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10} {:>9} {:>5}  {:<9} {}{}",
             m.name,
             m.role,
             m.status,
@@ -217,6 +261,8 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                 .as_ref()
                 .map_or("-".to_owned(), |e| e.to_string()),
             tokens,
+            troupe::cost::usd(m.cost_usd),
+            share(&m.usage),
             if p.is_empty() {
                 "-".to_owned()
             } else {
@@ -227,6 +273,42 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                 .as_ref()
                 .map_or(String::new(), |r| format!("  ({r})")),
         );
+    }
+    // The team's spend: every member plus the LLM lead, and the budgets.
+    let t = troupe::cost::team_spend(&cfg);
+    let lead = cfg.lead_spend.unwrap_or_default();
+    let mut line = format!(
+        "\nteam: {} over {} model calls (lead {}), {} of input read from cache",
+        troupe::cost::usd(t.cost_usd),
+        t.calls,
+        troupe::cost::usd(lead.cost_usd),
+        share(&t.usage),
+    );
+    if let Some(b) = cfg.team_budget_usd {
+        line.push_str(&format!(", team budget {}", troupe::cost::usd(b)));
+        if troupe::cost::team_over_budget(&cfg).is_some() {
+            line.push_str(" (spent: no teammate runs or is spawned)");
+        }
+    }
+    println!("{line}");
+    for m in &cfg.members {
+        let mut b = Vec::new();
+        if let Some(x) = m.budget_usd {
+            b.push(format!(
+                "{} of {}",
+                troupe::cost::usd(m.cost_usd),
+                troupe::cost::usd(x)
+            ));
+        }
+        if let Some(x) = m.budget_tokens {
+            b.push(format!(
+                "{} of {x} tokens",
+                troupe::cost::total_tokens(&m.usage)
+            ));
+        }
+        if !b.is_empty() {
+            println!("budget of {}: {}", m.name, b.join(", "));
+        }
     }
     // The sandbox of each member's tools, as its process found it; members alike on one line.
     let mut lines: Vec<(String, Vec<&str>)> = Vec::new();
@@ -480,4 +562,9 @@ pub fn requests_table(team: &TeamDir) -> anyhow::Result<()> {
         },
     )
     .map(drop)
+}
+
+/// The cache-read share of `u` for a table: `62%`, or `-` with no input.
+fn share(u: &troupe::llm::Usage) -> String {
+    troupe::cost::cache_read_share(u).map_or("-".to_owned(), |s| format!("{:.0}%", s * 100.0))
 }

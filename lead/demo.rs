@@ -125,6 +125,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
         max_tokens: 4096,
         bash_timeout: Duration::from_secs(120),
         sandbox: Arc::new(Sandbox::prepare(&a.sandbox, &workdir, team.root(), "lead")),
+        prices: Arc::new(troupe::cost::PriceTable::load(None)?),
     };
     let mut lead = Lead::open(settings, provider, signals.term.clone())?;
     let own = OwnSupervisor::start_if_needed(&team, &workdir, &a.sandbox, &env)?;
@@ -157,9 +158,13 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
     let cfg = Roster::new(&team).load()?;
     let usage = lead.usage();
     println!(
-        "\nlead: {} input and {} output tokens; files in {}",
-        usage.input_tokens,
+        "\nlead: {} model calls, {} input and {} output tokens, {} cache read, {}; files in {}",
+        cfg.lead_spend.map_or(0, |s| s.calls),
+        usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens,
         usage.output_tokens,
+        troupe::cost::cache_read_share(&usage)
+            .map_or("-".to_owned(), |s| format!("{:.0}%", s * 100.0)),
+        troupe::cost::usd(lead.cost_usd()),
         dir.display()
     );
     if code != 0 {

@@ -227,6 +227,10 @@ mod tests {
                 "0.25",
                 "--restart-delay-max",
                 "12.5",
+                "--team-budget-usd",
+                "2.5",
+                "--prices",
+                "/etc/troupe/prices.json",
             ],
         ] {
             let a = run_args(argv);

@@ -159,6 +159,10 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_f64(n: &f64) -> bool {
+    *n == 0.0
+}
+
 /// One member's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Member {
@@ -189,6 +193,18 @@ pub struct Member {
     /// Model calls made over the member's life.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub calls: u64,
+    /// What its calls cost over its life, in US dollars (see [`crate::cost`]).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub cost_usd: f64,
+    /// What the API billed, per incarnation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<crate::cost::LedgerLine>,
+    /// The most it may spend over its life, in US dollars (`lead spawn --budget-usd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd: Option<f64>,
+    /// The most tokens (input, output, cache write and read) it may use over its life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens: Option<u64>,
     /// Why the member is `failed` (or other human-readable status detail).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -231,6 +247,10 @@ impl Member {
             prompt: None,
             usage: Usage::default(),
             calls: 0,
+            cost_usd: 0.0,
+            ledger: Vec::new(),
+            budget_usd: None,
+            budget_tokens: None,
             reason: None,
             plan_approved: false,
             task_at: None,
@@ -258,6 +278,13 @@ pub struct TeamConfig {
     /// found it at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lead_sandbox: Option<crate::sandbox::Status>,
+    /// The most the whole team (members and the LLM lead) may spend, in US dollars
+    /// (`lead run --team-budget-usd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team_budget_usd: Option<f64>,
+    /// What the LLM lead (`lead chat`, `lead demo`) spent over the team's life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lead_spend: Option<crate::cost::Spend>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -268,6 +295,8 @@ impl Default for TeamConfig {
             team_name: default_team_name(),
             members: Vec::new(),
             lead_sandbox: None,
+            team_budget_usd: None,
+            lead_spend: None,
             extra: Map::new(),
         }
     }

@@ -42,6 +42,9 @@ pub enum Error {
         status: String,
         why: &'static str,
     },
+    /// A budget refuses what was asked (a spawn of a member, or of anyone, over budget).
+    #[error("{why}; {fix}")]
+    OverBudget { why: String, fix: String },
     /// No request with this id.
     #[error("no such request: {0}")]
     UnknownRequest(String),
@@ -87,6 +90,7 @@ impl Error {
             Error::UnknownMember(_) | Error::UnknownRequest(_) => 3,
             Error::AlreadyResolved { .. }
             | Error::MemberConflict { .. }
+            | Error::OverBudget { .. }
             | Error::Locked { .. }
             | Error::NotAddressee { .. } => 4,
             _ => 1,

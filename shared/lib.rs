@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod bench;
 pub mod config;
+pub mod cost;
 pub mod error;
 pub mod events;
 pub mod fsutil;

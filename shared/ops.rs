@@ -25,15 +25,61 @@ pub struct SpawnSpec {
     pub prompt: String,
     pub model: Option<String>,
     pub require_plan_approval: bool,
+    /// Sets the member's dollar budget (over its life); `None` keeps the one it has.
+    pub budget_usd: Option<f64>,
+    /// Sets the member's token budget (over its life); `None` keeps the one it has.
+    pub budget_tokens: Option<u64>,
 }
 
 /// Adds a member (status `spawning`, for the supervisor to start) or reactivates a stopped,
 /// shut-down or failed one (same name, transcript kept), and puts its task in its inbox as a
 /// `task_assignment`. An idle member just receives the new task. A working or already spawning
 /// member is refused.
+///
+/// Budgets given replace the member's. A member over its budget (it was, or would at once be,
+/// shut down for it) is refused until its budget is raised above its spend, and everyone is
+/// refused while the team is over the team budget: [`Error::OverBudget`], nothing changed.
 pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
     let name = AgentName::teammate(&spec.name)?;
-    let member = Roster::new(team).update(|cfg| match cfg.member_mut(name.as_str()) {
+    let member = Roster::new(team).update(|cfg| {
+        let m = spawn_in(cfg, &name, spec)?;
+        if let Some(why) = crate::cost::over_budget(cfg, &m) {
+            let fix = if crate::cost::team_over_budget(cfg).is_some() {
+                "no teammate is spawned until the team budget is raised above the team's spend \
+                 (`lead run --team-budget-usd X`, or team_budget_usd in config.json)"
+                    .to_owned()
+            } else {
+                format!(
+                    "not spawned; raise its budget above its spend (`lead spawn {name} ... \
+                     --budget-usd X` or `--budget-tokens N`)"
+                )
+            };
+            return Err(Error::OverBudget { why, fix });
+        }
+        Ok(m)
+    })?;
+    let task = Message::new(
+        MessageType::TaskAssignment,
+        LEAD,
+        name.as_str(),
+        spec.prompt.clone(),
+    );
+    Inbox::new(team, &name).append(&task, Durability::Sync)?;
+    events::log(
+        team,
+        "spawn_requested",
+        json!({"name": name, "role": spec.role, "status": member.status, "require_plan_approval": spec.require_plan_approval}),
+    );
+    Ok(member)
+}
+
+/// The roster change of [`spawn`], budgets aside.
+fn spawn_in(
+    cfg: &mut crate::config::TeamConfig,
+    name: &AgentName,
+    spec: &SpawnSpec,
+) -> Result<Member> {
+    match cfg.member_mut(name.as_str()) {
         Some(m) if matches!(m.status, MemberStatus::Working | MemberStatus::Spawning) => {
             Err(Error::MemberConflict {
                 name: name.to_string(),
@@ -54,6 +100,12 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
             m.require_plan_approval = spec.require_plan_approval;
             m.plan_approved = false;
             m.task_at = Some(crate::fsutil::now());
+            if spec.budget_usd.is_some() {
+                m.budget_usd = spec.budget_usd;
+            }
+            if spec.budget_tokens.is_some() {
+                m.budget_tokens = spec.budget_tokens;
+            }
             Ok(m.clone())
         }
         None => {
@@ -62,23 +114,12 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
             m.model = spec.model.clone();
             m.require_plan_approval = spec.require_plan_approval;
             m.task_at = Some(crate::fsutil::now());
+            m.budget_usd = spec.budget_usd;
+            m.budget_tokens = spec.budget_tokens;
             cfg.members.push(m.clone());
             Ok(m)
         }
-    })?;
-    let task = Message::new(
-        MessageType::TaskAssignment,
-        LEAD,
-        name.as_str(),
-        spec.prompt.clone(),
-    );
-    Inbox::new(team, &name).append(&task, Durability::Sync)?;
-    events::log(
-        team,
-        "spawn_requested",
-        json!({"name": name, "role": spec.role, "status": member.status, "require_plan_approval": spec.require_plan_approval}),
-    );
-    Ok(member)
+    }
 }
 
 /// Sends a plain message from the lead; returns its id.

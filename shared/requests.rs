@@ -144,6 +144,18 @@ impl RequestStore {
 
     /// Creates a pending request with a fresh, unique 8-hex id.
     pub fn create(&self, new: NewRequest) -> Result<Request> {
+        self.create_as(new, None)
+    }
+
+    /// Records a request decided by code rather than by its addressee's model (a budget stop):
+    /// created `approved` in one write, the answer `{"approve": true, "by": TO, "at"}` plus
+    /// `extra`. It never expires.
+    pub fn create_approved(&self, mut new: NewRequest, extra: Value) -> Result<Request> {
+        new.ttl = None;
+        self.create_as(new, Some(extra))
+    }
+
+    fn create_as(&self, new: NewRequest, approved: Option<Value>) -> Result<Request> {
         match new.kind {
             RequestKind::Shutdown if new.from != LEAD => {
                 return Err(Error::Protocol(
@@ -193,6 +205,15 @@ impl RequestStore {
             updated_at: now,
             expires_at: new.ttl.map(|t| now + t.as_secs_f64()),
         };
+        let mut req = req;
+        if let Some(extra) = approved {
+            let mut resp = json!({"approve": true, "by": req.to, "at": now});
+            if let (Value::Object(r), Value::Object(e)) = (&mut resp, extra) {
+                r.extend(e);
+            }
+            req.status = RequestStatus::Approved;
+            req.response = Some(resp);
+        }
         self.locked(&id, |_| Ok(Some(req.clone())))?;
         Ok(req)
     }

@@ -57,6 +57,9 @@ struct Args {
     /// start at 1 s and double up to this).
     #[arg(long, env = "TROUPE_API_WAIT_MAX_SECS", default_value_t = 30.0, value_parser = parse_secs)]
     api_wait_max: f64,
+    /// A price file (JSON: model-id prefix -> per-million prices) over the built-in prices.
+    #[arg(long, env = "TROUPE_PRICES")]
+    prices: Option<PathBuf>,
     #[command(flatten)]
     sandbox: troupe::sandbox::Settings,
 }
@@ -158,6 +161,13 @@ fn run(a: Args) -> anyhow::Result<u8> {
             return Ok(e.exit_code());
         }
     };
+    let prices = match troupe::cost::PriceTable::load(a.prices.as_deref()) {
+        Ok(p) => std::sync::Arc::new(p),
+        Err(e) => {
+            eprintln!("worker: {e}");
+            return Ok(EX_CONFIG);
+        }
+    };
     let workdir = match a.workdir {
         Some(w) => w,
         None => std::env::current_dir().context("failed to read the current directory")?,
@@ -178,6 +188,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         bash_timeout: Duration::from_secs(a.bash_timeout),
         api_wait_max: Duration::from_secs_f64(a.api_wait_max),
         sandbox,
+        prices,
     };
     let mut mate = match Teammate::open(settings, provider, signals.term.clone(), &_alive) {
         Ok(m) => m,

@@ -80,6 +80,14 @@ pub struct RunArgs {
     /// The longest wait before a restart, in seconds.
     #[arg(long, default_value_t = 60.0, value_parser = parse_secs)]
     restart_delay_max: f64,
+    /// The most the whole team (every member plus the LLM lead) may spend, in US dollars;
+    /// kept in config.json, so it holds for every command and the next `lead run`.
+    #[arg(long, value_parser = crate::commands::parse_usd)]
+    team_budget_usd: Option<f64>,
+    /// A price file (JSON: model-id prefix -> per-million prices) over the built-in prices,
+    /// handed to every worker.
+    #[arg(long, env = "TROUPE_PRICES")]
+    prices: Option<PathBuf>,
     #[command(flatten)]
     pub sandbox: troupe::sandbox::Settings,
 }
@@ -102,6 +110,8 @@ impl RunArgs {
             restart_window,
             restart_delay,
             restart_delay_max,
+            team_budget_usd,
+            prices,
             sandbox,
         } = self;
         let mut args: Vec<String> = [
@@ -118,6 +128,14 @@ impl RunArgs {
         if let Some(w) = workdir {
             let w = w.to_str().context("--workdir is not valid UTF-8")?;
             args.extend(["--workdir".to_owned(), w.to_owned()]);
+        }
+        if let Some(b) = team_budget_usd {
+            args.extend(["--team-budget-usd".to_owned(), b.to_string()]);
+        }
+        if let Some(p) = prices {
+            let p = std::path::absolute(p)?;
+            let p = p.to_str().context("--prices is not valid UTF-8")?;
+            args.extend(["--prices".to_owned(), p.to_owned()]);
         }
         args.extend(sandbox.to_args().map_err(anyhow::Error::msg)?);
         Ok(args)
@@ -197,6 +215,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     };
     // The flags handed to every worker must be expressible (UTF-8 paths).
     args.to_args()?;
+    // A price file the workers could not read would fail every one of them: say so now.
+    troupe::cost::PriceTable::load(args.prices.as_deref())?;
     let worker_exe = crate::worker_exe::resolve(&team)?;
     let signals = Arc::new(AtomicUsize::new(0));
     let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
@@ -238,6 +258,10 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         "lead_started",
         json!({"pid": std::process::id()}),
     );
+    if let Some(b) = sup.args.team_budget_usd {
+        sup.writer.apply(move |c| c.team_budget_usd = Some(b));
+        events::log(&sup.team, "team_budget", json!({"budget_usd": b}));
+    }
     let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
     if let Some(n) = &notify {
         let flags =

@@ -80,6 +80,14 @@ impl Supervisor {
             .arg(&self.workdir)
             // Checked to be UTF-8 when `lead run` started.
             .args(self.args.sandbox.to_args().unwrap_or_default())
+            .args(
+                self.args
+                    .prices
+                    .as_deref()
+                    .and_then(|p| std::path::absolute(p).ok())
+                    .map(|p| vec!["--prices".into(), p.into_os_string()])
+                    .unwrap_or_default(),
+            )
             .current_dir(&self.workdir)
             .env("TROUPE_PARENT_PID", std::process::id().to_string())
             .env_remove("NOTIFY_SOCKET")

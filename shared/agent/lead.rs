@@ -53,6 +53,8 @@ pub struct LeadSettings {
     pub bash_timeout: Duration,
     /// The sandbox of its `bash` commands.
     pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
+    /// What its calls cost (recorded as `lead_spend` in config.json; see [`crate::cost`]).
+    pub prices: Arc<crate::cost::PriceTable>,
 }
 
 /// What the lead did, for whoever shows it (the REPL, the demo timeline).
@@ -103,6 +105,8 @@ pub struct Lead {
     requests: RequestStore,
     term: Arc<AtomicBool>,
     usage: Usage,
+    /// What this session's calls cost, in US dollars.
+    cost_usd: f64,
     /// `transcripts/lead.lock`: one LLM lead per team dir.
     _alive: HeldLock,
 }
@@ -142,6 +146,7 @@ impl Lead {
             conv,
             term,
             usage: Usage::default(),
+            cost_usd: 0.0,
             _alive: alive,
         })
     }
@@ -154,6 +159,41 @@ impl Lead {
     /// Token counts of this session's model calls.
     pub fn usage(&self) -> Usage {
         self.usage
+    }
+
+    /// What this session's model calls cost, in US dollars.
+    pub fn cost_usd(&self) -> f64 {
+        self.cost_usd
+    }
+
+    /// Records one call's usage and cost as the lead's (`lead_spend` in config.json, which
+    /// counts toward the team budget); a call that takes the team over its budget wakes the
+    /// teammates, which then stop by code.
+    fn account(&mut self, response: &crate::llm::ChatResponse) {
+        let usage = response.usage;
+        self.usage.add(&usage);
+        let model = if !response.model.is_empty() {
+            response.model.clone()
+        } else if !self.s.model.is_empty() {
+            self.s.model.clone()
+        } else {
+            std::env::var("MODEL_ID").unwrap_or_default()
+        };
+        let cost = self.s.prices.cost(&model, &usage);
+        self.cost_usd += cost;
+        match self.roster.update(|c| {
+            c.lead_spend
+                .get_or_insert_with(Default::default)
+                .add_call(&usage, cost);
+            Ok(c.clone())
+        }) {
+            Ok(cfg) => {
+                if crate::cost::team_over_budget(&cfg).is_some() {
+                    crate::cost::wake_team(&self.s.team, &cfg, None);
+                }
+            }
+            Err(e) => tracing::warn!("could not record the lead's usage in config.json: {e}"),
+        }
     }
 
     /// Records what the person said; the next [`Lead::turn`] shows it to the model.
@@ -239,7 +279,7 @@ impl Lead {
                     Err(e) => return Ok(TurnEnd::Llm(e)),
                 }
             };
-            self.usage.add(&response.usage);
+            self.account(&response);
             let entry = Entry::Assistant {
                 seq: self.conv.calls,
                 response: response.clone(),
@@ -654,6 +694,8 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         prompt: prompt.to_owned(),
         model,
         require_plan_approval,
+        budget_usd: None,
+        budget_tokens: None,
     };
     let m = ops::spawn(team, &spec).map_err(|e| e.to_string())?;
     Ok(if m.status == MemberStatus::Idle {

@@ -48,6 +48,8 @@ pub struct Settings {
     pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
     /// The longest wait between tries while the model API is down (see [`outage`]).
     pub api_wait_max: Duration,
+    /// What its calls cost (the ledger in its record; see [`crate::cost`]).
+    pub prices: Arc<crate::cost::PriceTable>,
 }
 
 /// How the loop ended.
@@ -234,6 +236,10 @@ impl Teammate {
                 self.set_status(MemberStatus::Working)?;
             }
             self.drain()?;
+            // A budget stop is made by code, before any further model call.
+            if let Some(why) = self.over_budget() {
+                return self.budget_stop(&why).map(|()| Outcome::Shutdown);
+            }
             // Work to do: unseen messages, or an activation a restart cut short (finished or not:
             // `activation` goes idle at once if the model already answered everything).
             let pending_work =
@@ -364,6 +370,10 @@ impl Teammate {
                 return Ok(Some(Outcome::Terminated));
             }
             self.drain()?;
+            if let Some(why) = self.over_budget() {
+                self.budget_stop(&why)?;
+                return Ok(Some(Outcome::Shutdown));
+            }
             self.conv.flush_unseen();
             let Some(last) = self.conv.messages.last() else {
                 break;
@@ -426,11 +436,7 @@ impl Teammate {
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
-            let usage = response.usage;
-            self.write(move |m| {
-                m.usage.add(&usage);
-                m.calls += 1;
-            });
+            self.account(&response);
             let uses: Vec<(String, String, Value)> = response
                 .content
                 .iter()
@@ -475,6 +481,10 @@ impl Teammate {
                 );
                 return Ok(Some(Outcome::Shutdown));
             }
+        }
+        if let Some(why) = self.over_budget() {
+            self.budget_stop(&why)?;
+            return Ok(Some(Outcome::Shutdown));
         }
         self.go_idle()?;
         Ok(None)
@@ -878,5 +888,87 @@ impl Teammate {
             "plan submitted as request {}; the lead's plan_approval_response will arrive in your inbox",
             req.request_id
         ))
+    }
+}
+
+/// The ledger and the budget stop.
+impl Teammate {
+    /// Records one call in the member's ledger: what the API billed and what it cost. A call
+    /// that takes the team over its budget wakes the other teammates, so the idle ones stop too.
+    fn account(&mut self, response: &ChatResponse) {
+        let usage = response.usage;
+        let model = if !response.model.is_empty() {
+            response.model.clone()
+        } else if !self.model.is_empty() {
+            self.model.clone()
+        } else {
+            std::env::var("MODEL_ID").unwrap_or_default()
+        };
+        let cost = self.s.prices.cost(&model, &usage);
+        let incarnation = self.incarnation;
+        self.write(move |m| crate::cost::record_call(m, incarnation, &usage, cost));
+        if let Ok(cfg) = Roster::new(&self.s.team).load()
+            && crate::cost::team_over_budget(&cfg).is_some()
+        {
+            crate::cost::wake_team(&self.s.team, &cfg, Some(self.s.name.as_str()));
+        }
+    }
+
+    /// Why a budget stops this member now, if one does. Nothing stops it while its record
+    /// cannot be read or has writes pending (a hand edit in progress).
+    fn over_budget(&mut self) -> Option<String> {
+        if !self.record.flush() {
+            return None;
+        }
+        let cfg = Roster::new(&self.s.team).load().ok()?;
+        let me = cfg.member(self.s.name.as_str())?;
+        crate::cost::over_budget(&cfg, me)
+    }
+
+    /// Shuts this member down for its budget, by code: a shutdown request recorded approved
+    /// with reason `budget`, a `budget_exceeded` event, a `status_update` to the lead, and status
+    /// `shutdown` with the reason. The caller ends the process (exit 0).
+    fn budget_stop(&mut self, why: &str) -> Result<()> {
+        let req = self.requests.create_approved(
+            NewRequest {
+                kind: RequestKind::Shutdown,
+                from: LEAD.to_owned(),
+                to: self.s.name.to_string(),
+                payload: json!({"reason": "budget", "detail": why}),
+                target_incarnation: Some(self.incarnation),
+                ttl: None,
+            },
+            json!({"reason": "budget", "detail": why, "by_code": true}),
+        )?;
+        events::log(
+            &self.s.team,
+            "budget_exceeded",
+            json!({"name": self.s.name, "incarnation": self.incarnation, "reason": why, "request_id": req.request_id}),
+        );
+        let mut note = Message::new(
+            MessageType::StatusUpdate,
+            self.s.name.as_str(),
+            LEAD,
+            format!(
+                "{} was shut down (request {}): {why}",
+                self.s.name, req.request_id
+            ),
+        );
+        note.id = crate::ids::derived(&format!("budget:{}", req.request_id)).to_string();
+        if let Err(e) = Inbox::new(&self.s.team, &AgentName::lead()).append(&note, Durability::Sync)
+        {
+            tracing::warn!("could not tell the lead of the budget stop: {e}");
+        }
+        tracing::warn!("shut down by code: {why}");
+        self.set_status(MemberStatus::Shutdown)?;
+        let why = why.to_owned();
+        self.write(move |m| m.reason = Some(why.clone()));
+        self.record.flush();
+        events::log(
+            &self.s.team,
+            "shutdown_approved",
+            json!({"name": self.s.name, "incarnation": self.incarnation, "request_id": req.request_id, "reason": "budget"}),
+        );
+        Ok(())
     }
 }
