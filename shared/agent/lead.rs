@@ -352,7 +352,7 @@ impl Lead {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
-        self.usage.add(&response.usage);
+        self.account(&response);
         let reminder = "You are the lead of this team: you spawn teammates, give them work, \
                         answer their plans and shutdowns, and report to the person.";
         let entry = Entry::Compaction {

@@ -664,8 +664,8 @@ impl Teammate {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
-        let usage = response.usage;
-        self.write(move |m| m.usage.add(&usage));
+        // A billed call like any other: in the ledger, against the budget.
+        self.account(&response);
         let summary = compaction::summary_of(&response);
         let entry = Entry::Compaction {
             summary: compaction::summary_turn(&self.reminder(), &summary, at),
