@@ -140,7 +140,9 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
         keeper.stderr.take().map(OwnedFd::from),
     ];
     let mut report = Report::default();
-    let [out, err] = collect(pipes, Instant::now() + timeout, &mut || report.check(&link));
+    let [out, err] = collect(pipes, link.as_fd(), Instant::now() + timeout, &mut || {
+        report.check(&link)
+    });
     let status = report.status;
     if status.is_some() {
         // Bash has exited; its keeper holds what runs on until the worker exits.
@@ -237,15 +239,17 @@ impl Report {
 /// gets this long to arrive, then the call returns what it has.
 pub const GRACE: Duration = Duration::from_secs(2);
 
-/// How often bash's exit is checked while its pipes are quiet.
+/// How often bash's exit is checked while its pipes are quiet (the keeper's report on the link
+/// wakes the wait at once; this bounds it should a wake-up be missed).
 const TICK: Duration = Duration::from_millis(20);
 
 /// Reads a command's stdout and stderr until both reach EOF, but for at most [`GRACE`] after
-/// `exited` first says bash has exited, and never past `deadline`. Reading goes on past the
-/// cap (kept: 4x [`super::OUTPUT_CAP`] bytes per pipe) so the command never blocks on a full
-/// pipe.
+/// `exited` first says bash has exited, and never past `deadline`. `link` (where the keeper
+/// reports bash's exit) wakes the wait until then. Reading goes on past the cap (kept: 4x
+/// [`super::OUTPUT_CAP`] bytes per pipe) so the command never blocks on a full pipe.
 fn collect(
     pipes: [Option<OwnedFd>; 2],
+    link: std::os::fd::BorrowedFd<'_>,
     deadline: Instant,
     exited: &mut dyn FnMut() -> bool,
 ) -> [Vec<u8>; 2] {
@@ -268,19 +272,18 @@ fn collect(
         } else {
             TICK.min(stop - now)
         };
-        if open.iter().all(Option::is_none) {
-            if seen_exit {
-                break;
-            }
-            // Both pipes closed (`exec >&-`) but bash runs on: wait for it.
-            std::thread::sleep(wait);
-            continue;
+        if open.iter().all(Option::is_none) && seen_exit {
+            break;
         }
+        // Both pipes closed (`exec >&-`) but bash runs on: only the link is waited on.
         let mut fds: Vec<PollFd> = open
             .iter()
             .flatten()
             .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
             .collect();
+        if !seen_exit {
+            fds.push(PollFd::new(link, PollFlags::POLLIN));
+        }
         match poll(
             &mut fds,
             PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX),

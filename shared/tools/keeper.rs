@@ -344,6 +344,12 @@ unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd, report: bool) ->
         ] {
             libc::signal(sig, libc::SIG_IGN);
         }
+        // A child's exit interrupts the poll below (no SA_RESTART), so bash's status is
+        // reported at once rather than at the next tick.
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_child as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGCHLD, &sa, std::ptr::null_mut());
         let mut status = 0;
         let mut bash_done = false;
         loop {
@@ -372,6 +378,9 @@ unsafe fn keep(me: libc::pid_t, bash: libc::pid_t, link: RawFd, report: bool) ->
         libc::_exit(exit_code(status))
     }
 }
+
+/// The keeper's SIGCHLD handler: nothing but interrupting its poll.
+extern "C" fn on_child(_: libc::c_int) {}
 
 /// Reaps every child that has ended, sending bash's status on `link` (-1: not sent); true
 /// when the keeper
