@@ -16,6 +16,7 @@ mod commands;
 mod demo;
 mod notify;
 mod supervisor;
+mod tasks;
 #[path = "../worker/main.rs"]
 mod worker;
 mod worker_exe;
@@ -61,6 +62,8 @@ enum Cmd {
     Approve(commands::DecideArgs),
     /// Reject a teammate's plan (with --feedback).
     Reject(commands::DecideArgs),
+    /// The task board: add, list, show, cancel and reopen tasks.
+    Task(tasks::TaskArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
     /// Talk to the LLM lead: a REPL, or one prompt with -p (starts a supervisor if none runs).
@@ -163,6 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Approve(a) => commands::decide(&team()?, a, true),
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
+        Cmd::Task(a) => tasks::run(team_dir, a),
         Cmd::Chat(a) => chat::run(team_dir, a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args),

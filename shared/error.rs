@@ -54,6 +54,19 @@ pub enum Error {
     /// Someone other than the addressee tried to answer a request.
     #[error("request {id} is addressed to {to}; {who} may not answer it")]
     NotAddressee { id: String, to: String, who: String },
+    /// No task with this id (or an id that cannot be one).
+    #[error("no such task: {0}")]
+    UnknownTask(String),
+    /// A task change the board's rules refuse (a claim of a blocked or taken task, an update by
+    /// someone other than its owner, a cancel that would strand dependents, a cycle).
+    #[error("task {id}: {why}")]
+    TaskRefused { id: String, why: String },
+    /// No task can be claimed now (none pending, or every pending one blocked or taken).
+    #[error("no task is claimable now")]
+    NoClaimableTask,
+    /// A new task that is malformed (an empty subject, a task blocked by itself).
+    #[error("invalid task: {0}")]
+    InvalidTask(String),
     /// A file holds something that is not what it should be. The file is left untouched.
     #[error("failed to parse {}: {why}", path.display())]
     Corrupt { path: PathBuf, why: String },
@@ -86,9 +99,11 @@ impl Error {
     /// The CLI exit code of DESIGN.md section 8 for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::InvalidName { .. } | Error::UnknownMessageType(_) => 2,
-            Error::UnknownMember(_) | Error::UnknownRequest(_) => 3,
+            Error::InvalidName { .. } | Error::UnknownMessageType(_) | Error::InvalidTask(_) => 2,
+            Error::UnknownMember(_) | Error::UnknownRequest(_) | Error::UnknownTask(_) => 3,
             Error::AlreadyResolved { .. }
+            | Error::TaskRefused { .. }
+            | Error::NoClaimableTask
             | Error::MemberConflict { .. }
             | Error::OverBudget { .. }
             | Error::Locked { .. }

@@ -20,6 +20,7 @@ pub mod message;
 pub mod ops;
 pub mod requests;
 pub mod sandbox;
+pub mod tasks;
 pub mod teamdir;
 pub mod tools;
 pub mod transcript;

@@ -113,13 +113,29 @@ fn check_syntax(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Validates a request id: exactly 8 lower-case hex characters.
-pub fn check_request_id(id: &str) -> Result<()> {
-    if id.len() == 8
+/// Whether `id` is exactly 8 lower-case hex characters: the shape of request and task ids, and
+/// so never a path trick (`..`, `/`, an absolute path).
+fn is_hex8(id: &str) -> bool {
+    id.len() == 8
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+}
+
+/// Validates a task id: exactly 8 lower-case hex characters, as request ids.
+pub fn check_task_id(id: &str) -> Result<()> {
+    if is_hex8(id) {
+        Ok(())
+    } else {
+        Err(Error::UnknownTask(format!(
+            "{id:?} (a task id is 8 lower-case hex characters)"
+        )))
+    }
+}
+
+/// Validates a request id: exactly 8 lower-case hex characters.
+pub fn check_request_id(id: &str) -> Result<()> {
+    if is_hex8(id) {
         Ok(())
     } else {
         Err(Error::UnknownRequest(format!(
@@ -143,6 +159,7 @@ impl TeamDir {
             dir.root.clone(),
             dir.inbox_dir(),
             dir.requests_dir(),
+            dir.tasks_dir(),
             dir.transcripts_dir(),
             dir.logs_dir(),
         ] {
@@ -229,6 +246,20 @@ impl TeamDir {
         check_request_id(id)?;
         Ok(self.requests_dir().join(format!("{id}.lock")))
     }
+    /// `tasks/`.
+    pub fn tasks_dir(&self) -> PathBuf {
+        self.root.join("tasks")
+    }
+    /// `tasks/ID.json`. The id must be 8 lower-case hex characters.
+    pub fn task(&self, id: &str) -> Result<PathBuf> {
+        check_task_id(id)?;
+        Ok(self.tasks_dir().join(format!("{id}.json")))
+    }
+    /// `tasks/ID.lock`.
+    pub fn task_lock(&self, id: &str) -> Result<PathBuf> {
+        check_task_id(id)?;
+        Ok(self.tasks_dir().join(format!("{id}.lock")))
+    }
     /// `transcripts/`.
     pub fn transcripts_dir(&self) -> PathBuf {
         self.root.join("transcripts")
@@ -313,6 +344,21 @@ mod tests {
         assert!(check_request_id("a1b2c3d4").is_ok());
         for bad in ["", "A1B2C3D4", "a1b2c3d", "../../x1", "a1b2c3d4e"] {
             assert!(check_request_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn task_ids() {
+        assert!(check_task_id("a1b2c3d4").is_ok());
+        for bad in [
+            "",
+            "A1B2C3D4",
+            "a1b2c3d",
+            "../../x1",
+            "/etc/pas",
+            "a1b2c3d4e",
+        ] {
+            assert!(check_task_id(bad).is_err(), "{bad}");
         }
     }
 

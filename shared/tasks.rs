@@ -1,0 +1,906 @@
+//! The task board: `tasks/ID.json`, one record per task, moving
+//! `pending -> in_progress -> completed`, with `cancelled` beside them and `reopen` back to
+//! `pending`.
+//!
+//! A protocol request is not a task: a task says what the work is, who does it and what blocks
+//! it. Every change happens under the task's sidecar lock (`tasks/ID.lock`) held across the read,
+//! the check and the durable replace (temp, fsync, rename, fsync dir), as for requests, so of
+//! processes racing to claim the same task exactly one wins and the others are told why they
+//! lost. A task is claimable only when it is pending, unowned (or owned by the claimer: the lead
+//! assigned it) and every task in its `blocked_by` is completed. An unknown blocker or a cycle is
+//! refused at creation.
+//!
+//! What the rules check under one task's lock only: a claim reads its blockers without their
+//! locks, and a cancel looks for dependents before it takes any lock. So a blocker reopened at
+//! the instant a dependent is claimed, or a task created blocked by one being cancelled at that
+//! instant, is not caught. Both need the lead to act against itself; neither loses a claim.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::io::ErrorKind;
+use std::os::unix::fs::OpenOptionsExt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, Result};
+use crate::events;
+use crate::fsutil::{self, FILE_MODE};
+use crate::teamdir::{AgentName, TeamDir, check_task_id};
+
+/// Where a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Pending,
+    InProgress,
+    Completed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::InProgress => "in_progress",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether someone still has to do it (pending or in progress).
+    pub fn is_open(self) -> bool {
+        matches!(self, TaskStatus::Pending | TaskStatus::InProgress)
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TaskStatus {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<TaskStatus, String> {
+        match s {
+            "pending" => Ok(TaskStatus::Pending),
+            "in_progress" => Ok(TaskStatus::InProgress),
+            "completed" => Ok(TaskStatus::Completed),
+            "cancelled" => Ok(TaskStatus::Cancelled),
+            _ => Err(format!(
+                "unknown task status {s:?} (expected pending, in_progress, completed or cancelled)"
+            )),
+        }
+    }
+}
+
+/// One task, as stored in `tasks/ID.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: String,
+    pub subject: String,
+    #[serde(default)]
+    pub description: String,
+    pub status: TaskStatus,
+    /// Who does it: set by a claim, or by the lead's assignment of a pending task.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// The owner's incarnation when it claimed the task.
+    #[serde(default)]
+    pub owner_incarnation: Option<u64>,
+    /// Ids of the tasks that must be completed before this one can be claimed.
+    #[serde(default)]
+    pub blocked_by: Vec<String>,
+    pub created_by: String,
+    /// What the owner reported when it completed (or gave up) the task.
+    #[serde(default)]
+    pub result: Option<String>,
+    pub created_at: f64,
+    pub updated_at: f64,
+    #[serde(default)]
+    pub completed_at: Option<f64>,
+    /// Fields written by other versions, kept as they were.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// What a new task needs.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    pub subject: String,
+    pub description: String,
+    pub blocked_by: Vec<String>,
+    /// A teammate the task is assigned to from the start (only it may claim it).
+    pub owner: Option<String>,
+    pub created_by: String,
+}
+
+/// The task store of a team dir.
+#[derive(Debug, Clone)]
+pub struct TaskStore {
+    team: TeamDir,
+}
+
+fn refused(id: &str, why: impl Into<String>) -> Error {
+    Error::TaskRefused {
+        id: id.to_owned(),
+        why: why.into(),
+    }
+}
+
+impl TaskStore {
+    /// The store in `team`.
+    pub fn new(team: &TeamDir) -> TaskStore {
+        TaskStore { team: team.clone() }
+    }
+
+    /// Creates a pending task with a fresh, unique 8-hex id. Every blocker must exist and not be
+    /// cancelled, and the blockers' own chains must hold no cycle.
+    pub fn create(&self, new: NewTask) -> Result<Task> {
+        let subject = new.subject.trim();
+        if subject.is_empty() {
+            return Err(Error::InvalidTask("the subject is empty".to_owned()));
+        }
+        if let Some(owner) = &new.owner {
+            AgentName::teammate(owner)?;
+        }
+        let mut blocked_by: Vec<String> = Vec::new();
+        for b in &new.blocked_by {
+            check_task_id(b)?;
+            if !blocked_by.contains(b) {
+                blocked_by.push(b.clone());
+            }
+        }
+        let all: HashMap<String, Task> = self
+            .list(None)?
+            .into_iter()
+            .map(|t| (t.id.clone(), t))
+            .collect();
+        for b in &blocked_by {
+            match all.get(b) {
+                None => return Err(Error::UnknownTask(format!("{b} (named as a blocker)"))),
+                Some(t) if t.status == TaskStatus::Cancelled => {
+                    return Err(Error::InvalidTask(format!(
+                        "blocker {b} is cancelled: a task blocked by it could never start"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let dir = self.team.tasks_dir();
+        fsutil::create_dir(&dir)?;
+        let id = loop {
+            let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+            let lock_path = self.team.task_lock(&id)?;
+            // Claiming the lock file with O_EXCL reserves the id: a collision retries.
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(FILE_MODE)
+                .open(&lock_path)
+            {
+                Ok(_) => break id,
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io("create", &lock_path)(e)),
+            }
+        };
+        // A fresh id cannot be anyone's blocker yet, but a forged file might name it, or the
+        // existing chains may already loop: refuse to hang a task on a cycle.
+        if let Some(cycle) = find_cycle(&id, &blocked_by, &all) {
+            let lock_path = self.team.task_lock(&id)?;
+            let _ = std::fs::remove_file(lock_path);
+            return Err(Error::InvalidTask(format!(
+                "its blockers form a cycle: {}",
+                cycle.join(" -> ")
+            )));
+        }
+        let now = fsutil::now();
+        let task = Task {
+            id: id.clone(),
+            subject: subject.to_owned(),
+            description: new.description,
+            status: TaskStatus::Pending,
+            owner: new.owner,
+            owner_incarnation: None,
+            blocked_by,
+            created_by: new.created_by,
+            result: None,
+            created_at: now,
+            updated_at: now,
+            completed_at: None,
+            extra: Map::new(),
+        };
+        let task = self.locked(&id, |_| Ok(Some(task.clone())))?;
+        self.log(
+            "task_created",
+            &task,
+            json!({"blocked_by": task.blocked_by, "by": task.created_by}),
+        );
+        Ok(task)
+    }
+
+    /// Reads one task.
+    pub fn get(&self, id: &str) -> Result<Task> {
+        let path = self.team.task(id)?;
+        let bytes =
+            fsutil::read_optional(&path)?.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+            path,
+            why: e.to_string(),
+        })
+    }
+
+    /// Every task (optionally only those in `status`), oldest first. Unreadable files are
+    /// reported on stderr and skipped.
+    pub fn list(&self, status: Option<TaskStatus>) -> Result<Vec<Task>> {
+        let dir = self.team.tasks_dir();
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("list", &dir)(e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(Error::io("list", &dir))?;
+            let name = ent.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            if check_task_id(id).is_err() {
+                continue;
+            }
+            match self.get(id) {
+                Ok(t) if status.is_none_or(|s| t.status == s) => out.push(t),
+                Ok(_) | Err(Error::UnknownTask(_)) => {}
+                Err(e) => tracing::warn!("skipping task: {e}"),
+            }
+        }
+        out.sort_by(|a, b| {
+            a.created_at
+                .total_cmp(&b.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        Ok(out)
+    }
+
+    /// The tasks `who` could claim now, oldest first: pending, unowned or owned by `who`, every
+    /// blocker completed. With `who` `None`, only unowned ones.
+    pub fn claimable(&self, who: Option<&str>) -> Result<Vec<Task>> {
+        let all = self.list(None)?;
+        let status: HashMap<&str, TaskStatus> =
+            all.iter().map(|t| (t.id.as_str(), t.status)).collect();
+        Ok(all
+            .iter()
+            .filter(|t| {
+                t.status == TaskStatus::Pending
+                    && t.owner.as_deref().is_none_or(|o| Some(o) == who)
+                    && t.blocked_by
+                        .iter()
+                        .all(|b| status.get(b.as_str()) == Some(&TaskStatus::Completed))
+            })
+            .cloned()
+            .collect())
+    }
+
+    /// Claims a task for `who` (incarnation `incarnation`): `id`, or with `None` the oldest
+    /// claimable one. Exactly one of racing claimers wins; the others get
+    /// [`Error::TaskRefused`] saying why (or [`Error::NoClaimableTask`] when none is left).
+    pub fn claim(&self, id: Option<&str>, who: &str, incarnation: u64) -> Result<Task> {
+        if let Some(id) = id {
+            return self.claim_one(id, who, incarnation);
+        }
+        for t in self.claimable(Some(who))? {
+            match self.claim_one(&t.id, who, incarnation) {
+                Ok(t) => return Ok(t),
+                // Lost to another claimer (or changed under us): try the next one.
+                Err(Error::TaskRefused { .. } | Error::UnknownTask(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::NoClaimableTask)
+    }
+
+    fn claim_one(&self, id: &str, who: &str, incarnation: u64) -> Result<Task> {
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            match t.status {
+                TaskStatus::Pending => {}
+                TaskStatus::InProgress => {
+                    return Err(refused(
+                        id,
+                        format!(
+                            "already in progress (owner {})",
+                            t.owner.as_deref().unwrap_or("?")
+                        ),
+                    ));
+                }
+                s => return Err(refused(id, format!("is {s}; reopen it first"))),
+            }
+            if let Some(owner) = t.owner.as_deref().filter(|o| *o != who) {
+                return Err(refused(id, format!("is assigned to {owner}")));
+            }
+            let mut waiting = Vec::new();
+            for b in &t.blocked_by {
+                match self.get(b) {
+                    Ok(bt) if bt.status == TaskStatus::Completed => {}
+                    Ok(bt) => waiting.push(format!("{b} ({})", bt.status)),
+                    Err(Error::UnknownTask(_)) => waiting.push(format!("{b} (missing)")),
+                    Err(e) => return Err(e),
+                }
+            }
+            if !waiting.is_empty() {
+                return Err(refused(id, format!("is blocked by {}", waiting.join(", "))));
+            }
+            t.status = TaskStatus::InProgress;
+            t.owner = Some(who.to_owned());
+            t.owner_incarnation = Some(incarnation);
+            t.updated_at = fsutil::now();
+            Ok(Some(t))
+        })?;
+        self.log("task_claimed", &task, json!({"incarnation": incarnation}));
+        Ok(task)
+    }
+
+    /// The owner's report on its in-progress task: `completed` (done, with `result`), or
+    /// `pending` (it gives the task up: the owner is cleared and anyone may claim it). Only the
+    /// owner may update.
+    pub fn update(
+        &self,
+        id: &str,
+        who: &str,
+        status: TaskStatus,
+        result: Option<String>,
+    ) -> Result<Task> {
+        if !matches!(status, TaskStatus::Completed | TaskStatus::Pending) {
+            return Err(Error::InvalidTask(format!(
+                "an owner moves its task to completed or pending (gives it up), not {status}"
+            )));
+        }
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.owner.as_deref() != Some(who) {
+                let owner = t
+                    .owner
+                    .as_deref()
+                    .map_or("nobody".to_owned(), str::to_owned);
+                return Err(refused(
+                    id,
+                    format!("is owned by {owner}; {who} may not update it"),
+                ));
+            }
+            if t.status != TaskStatus::InProgress {
+                return Err(refused(
+                    id,
+                    format!("is {}, not in_progress; claim it first", t.status),
+                ));
+            }
+            let now = fsutil::now();
+            t.status = status;
+            t.updated_at = now;
+            if result.is_some() {
+                t.result = result;
+            }
+            if status == TaskStatus::Completed {
+                t.completed_at = Some(now);
+            } else {
+                t.owner = None;
+                t.owner_incarnation = None;
+            }
+            Ok(Some(t))
+        })?;
+        self.log("task_updated", &task, json!({"by": who}));
+        Ok(task)
+    }
+
+    /// The lead assigns a pending task to teammate `to`: only `to` may claim it then.
+    pub fn assign(&self, id: &str, to: &str) -> Result<Task> {
+        AgentName::teammate(to)?;
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.status != TaskStatus::Pending {
+                return Err(refused(
+                    id,
+                    format!("is {}; only a pending task can be assigned", t.status),
+                ));
+            }
+            t.owner = Some(to.to_owned());
+            t.owner_incarnation = None;
+            t.updated_at = fsutil::now();
+            Ok(Some(t))
+        })?;
+        self.log("task_updated", &task, json!({"assigned": true}));
+        Ok(task)
+    }
+
+    /// Cancels a pending or in-progress task. Refused while open tasks wait on it (directly or
+    /// through others) unless `cascade`, which cancels them too. Returns every task it
+    /// cancelled, `id` first.
+    pub fn cancel(&self, id: &str, cascade: bool) -> Result<Vec<Task>> {
+        let target = self.get(id)?;
+        if !target.status.is_open() {
+            return Err(refused(id, format!("is already {}", target.status)));
+        }
+        let dependents = self.dependents(id)?;
+        if !dependents.is_empty() && !cascade {
+            return Err(refused(
+                id,
+                format!(
+                    "open tasks wait on it: {} (cascade cancels them too)",
+                    dependents.join(", ")
+                ),
+            ));
+        }
+        // Dependents first: a cancel cut short leaves the target open, so running it again
+        // finishes the job instead of stranding tasks behind a cancelled blocker.
+        let mut done = Vec::new();
+        for d in dependents.iter().rev() {
+            if let Some(t) = self.cancel_one(d, Some(id))? {
+                done.push(t);
+            }
+        }
+        let Some(t) = self.cancel_one(id, None)? else {
+            return Err(refused(id, "was closed by someone else meanwhile"));
+        };
+        done.insert(0, t);
+        Ok(done)
+    }
+
+    /// Cancels one open task; `None` if it was no longer open.
+    fn cancel_one(&self, id: &str, cascade_of: Option<&str>) -> Result<Option<Task>> {
+        let mut changed = false;
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.status.is_open() {
+                t.status = TaskStatus::Cancelled;
+                t.updated_at = fsutil::now();
+                changed = true;
+            }
+            Ok(Some(t))
+        })?;
+        if !changed {
+            return Ok(None);
+        }
+        self.log("task_cancelled", &task, json!({"cascade_of": cascade_of}));
+        Ok(Some(task))
+    }
+
+    /// The open tasks that wait on `id`, directly or through other tasks, nearest first.
+    fn dependents(&self, id: &str) -> Result<Vec<String>> {
+        let all = self.list(None)?;
+        let mut out: Vec<String> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::from([id.to_owned()]);
+        let mut frontier = vec![id.to_owned()];
+        while let Some(cur) = frontier.pop() {
+            for t in &all {
+                if t.status.is_open() && t.blocked_by.contains(&cur) && seen.insert(t.id.clone()) {
+                    out.push(t.id.clone());
+                    frontier.push(t.id.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Puts a completed or cancelled task back to `pending`, owner and result cleared.
+    pub fn reopen(&self, id: &str) -> Result<Task> {
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.status.is_open() {
+                return Err(refused(id, format!("is {}, not closed", t.status)));
+            }
+            t.status = TaskStatus::Pending;
+            t.owner = None;
+            t.owner_incarnation = None;
+            t.result = None;
+            t.completed_at = None;
+            t.updated_at = fsutil::now();
+            Ok(Some(t))
+        })?;
+        self.log("task_reopened", &task, json!({}));
+        Ok(task)
+    }
+
+    /// Hands every in-progress task of `who` back to `pending` with no owner (a member that
+    /// ended `failed` or `shutdown`). Returns the tasks it released.
+    pub fn release_owned_by(&self, who: &str) -> Result<Vec<Task>> {
+        let mut out = Vec::new();
+        for t in self.list(Some(TaskStatus::InProgress))? {
+            if t.owner.as_deref() != Some(who) {
+                continue;
+            }
+            let mut changed = false;
+            let task = self.locked(&t.id, |cur| {
+                let mut t = cur.ok_or_else(|| Error::UnknownTask(t.id.clone()))?;
+                if t.status == TaskStatus::InProgress && t.owner.as_deref() == Some(who) {
+                    t.status = TaskStatus::Pending;
+                    t.owner = None;
+                    t.owner_incarnation = None;
+                    t.updated_at = fsutil::now();
+                    changed = true;
+                }
+                Ok(Some(t))
+            })?;
+            if changed {
+                self.log("task_updated", &task, json!({"released_from": who}));
+                out.push(task);
+            }
+        }
+        Ok(out)
+    }
+
+    fn log(&self, event: &str, t: &Task, more: Value) {
+        let mut fields = json!({
+            "id": t.id, "subject": t.subject, "owner": t.owner, "status": t.status,
+        });
+        if let (Value::Object(f), Value::Object(m)) = (&mut fields, more) {
+            f.extend(m);
+        }
+        events::log(&self.team, event, fields);
+    }
+
+    /// Runs `f` on the current record under the task's lock and durably writes what it
+    /// returns (`None`: no write).
+    fn locked(
+        &self,
+        id: &str,
+        f: impl FnOnce(Option<Task>) -> Result<Option<Task>>,
+    ) -> Result<Task> {
+        let path = self.team.task(id)?;
+        let lock_path = self.team.task_lock(id)?;
+        if !lock_path.exists() && !path.exists() {
+            return Err(Error::UnknownTask(id.to_owned()));
+        }
+        let lock = fsutil::open_lock(&lock_path)?;
+        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
+        let cur = match self.get(id) {
+            Ok(t) => Some(t),
+            Err(Error::UnknownTask(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let before = cur.clone();
+        match f(cur)? {
+            Some(t) if Some(&t) != before.as_ref() => {
+                let mut bytes = serde_json::to_vec_pretty(&t)
+                    .map_err(|e| Error::Protocol(format!("failed to serialize task: {e}")))?;
+                bytes.push(b'\n');
+                fsutil::atomic_write(&path, &bytes)?;
+                Ok(t)
+            }
+            Some(t) => Ok(t),
+            None => before.ok_or_else(|| Error::UnknownTask(id.to_owned())),
+        }
+    }
+}
+
+/// A cycle reachable from a new task `id` blocked by `blockers`, over the `blocked_by` links of
+/// `all`: the ids along it, or `None`.
+fn find_cycle(id: &str, blockers: &[String], all: &HashMap<String, Task>) -> Option<Vec<String>> {
+    // 0 unvisited, 1 on the current path, 2 done.
+    fn visit(
+        node: &str,
+        edges: &dyn Fn(&str) -> Vec<String>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match state.get(node).copied().unwrap_or(0) {
+            1 => {
+                let start = path.iter().position(|p| p == node).unwrap_or(0);
+                let mut cycle = path[start..].to_vec();
+                cycle.push(node.to_owned());
+                return Some(cycle);
+            }
+            2 => return None,
+            _ => {}
+        }
+        state.insert(node.to_owned(), 1);
+        path.push(node.to_owned());
+        for next in edges(node) {
+            if let Some(c) = visit(&next, edges, state, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state.insert(node.to_owned(), 2);
+        None
+    }
+    let edges = |n: &str| -> Vec<String> {
+        if n == id {
+            blockers.to_vec()
+        } else {
+            all.get(n).map(|t| t.blocked_by.clone()).unwrap_or_default()
+        }
+    };
+    visit(id, &edges, &mut BTreeMap::new(), &mut Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, TeamDir, TaskStore) {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let s = TaskStore::new(&team);
+        (tmp, team, s)
+    }
+
+    fn add(s: &TaskStore, subject: &str, blocked_by: &[&str]) -> Task {
+        s.create(NewTask {
+            subject: subject.into(),
+            blocked_by: blocked_by.iter().map(|b| b.to_string()).collect(),
+            created_by: "lead".into(),
+            ..NewTask::default()
+        })
+        .unwrap()
+    }
+
+    fn ids(ts: &[Task]) -> Vec<&str> {
+        ts.iter().map(|t| t.id.as_str()).collect()
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in [
+            TaskStatus::Pending,
+            TaskStatus::InProgress,
+            TaskStatus::Completed,
+            TaskStatus::Cancelled,
+        ] {
+            assert_eq!(s.as_str().parse::<TaskStatus>().unwrap(), s);
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+        }
+        let e = "done".parse::<TaskStatus>().unwrap_err();
+        assert!(e.contains("expected pending, in_progress"), "{e}");
+    }
+
+    #[test]
+    fn unknown_blocker_bad_id_and_empty_subject_are_refused() {
+        let (_t, _team, s) = store();
+        let mut n = NewTask {
+            subject: "x".into(),
+            blocked_by: vec!["deadbeef".into()],
+            created_by: "lead".into(),
+            ..NewTask::default()
+        };
+        assert_eq!(
+            s.create(n.clone()).unwrap_err().to_string(),
+            "no such task: deadbeef (named as a blocker)"
+        );
+        n.blocked_by = vec!["../../etc".into()];
+        assert_eq!(s.create(n.clone()).unwrap_err().exit_code(), 3);
+        n.blocked_by.clear();
+        n.subject = "  ".into();
+        assert_eq!(s.create(n).unwrap_err().exit_code(), 2);
+        assert!(s.list(None).unwrap().is_empty());
+        assert!(matches!(s.get("../../x1"), Err(Error::UnknownTask(_))));
+        assert!(matches!(s.get("deadbeef"), Err(Error::UnknownTask(_))));
+    }
+
+    #[test]
+    fn a_forged_cycle_is_refused_at_creation() {
+        let (_t, team, s) = store();
+        let a = add(&s, "a", &[]);
+        let b = add(&s, "b", &[&a.id]);
+        // Forge a -> b, closing the loop a -> b -> a.
+        let mut forged = a.clone();
+        forged.blocked_by = vec![b.id.clone()];
+        std::fs::write(
+            team.task(&a.id).unwrap(),
+            serde_json::to_vec(&forged).unwrap(),
+        )
+        .unwrap();
+        let before = s.list(None).unwrap().len();
+        let e = s
+            .create(NewTask {
+                subject: "c".into(),
+                blocked_by: vec![b.id.clone()],
+                created_by: "lead".into(),
+                ..NewTask::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("cycle"), "{e}");
+        assert_eq!(s.list(None).unwrap().len(), before);
+        // Nor is either task of the loop claimable.
+        assert!(s.claimable(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn claimability_follows_blockers_and_owners() {
+        let (_t, team, s) = store();
+        let a = add(&s, "a", &[]);
+        let b = add(&s, "b", &[&a.id]);
+        let c = add(&s, "c", &[]);
+        s.assign(&c.id, "bob").unwrap();
+        assert_eq!(ids(&s.claimable(None).unwrap()), [a.id.as_str()]);
+        assert_eq!(
+            ids(&s.claimable(Some("bob")).unwrap()),
+            [a.id.as_str(), c.id.as_str()]
+        );
+        let e = s.claim(Some(&b.id), "alice", 1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("task {}: is blocked by {} (pending)", b.id, a.id)
+        );
+        let e = s.claim(Some(&c.id), "alice", 1).unwrap_err();
+        assert_eq!(e.to_string(), format!("task {}: is assigned to bob", c.id));
+        // None = the oldest claimable.
+        let got = s.claim(None, "alice", 3).unwrap();
+        assert_eq!(got.id, a.id);
+        assert_eq!(got.status, TaskStatus::InProgress);
+        assert_eq!(got.owner_incarnation, Some(3));
+        let e = s.claim(Some(&a.id), "bob", 1).unwrap_err();
+        assert!(
+            e.to_string().contains("already in progress (owner alice)"),
+            "{e}"
+        );
+        assert!(matches!(
+            s.claim(None, "alice", 3),
+            Err(Error::NoClaimableTask)
+        ));
+        s.update(&a.id, "alice", TaskStatus::Completed, Some("ok".into()))
+            .unwrap();
+        assert_eq!(ids(&s.claimable(None).unwrap()), [b.id.as_str()]);
+        let e = s.claim(Some(&a.id), "bob", 1).unwrap_err();
+        assert!(e.to_string().contains("is completed"), "{e}");
+        assert_eq!(s.claim(None, "bob", 1).unwrap().id, b.id);
+        let kinds: Vec<_> = events::read_all(&team)
+            .unwrap()
+            .into_iter()
+            .map(|e| e["event"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "task_created",
+                "task_created",
+                "task_created",
+                "task_updated",
+                "task_claimed",
+                "task_updated",
+                "task_claimed"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_owner_updates_and_giving_up_frees_the_task() {
+        let (_t, _team, s) = store();
+        let a = add(&s, "a", &[]);
+        let e = s
+            .update(&a.id, "alice", TaskStatus::Completed, None)
+            .unwrap_err();
+        assert!(e.to_string().contains("owned by nobody"), "{e}");
+        s.claim(Some(&a.id), "alice", 1).unwrap();
+        let e = s
+            .update(&a.id, "bob", TaskStatus::Completed, None)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("task {}: is owned by alice; bob may not update it", a.id)
+        );
+        assert_eq!(e.exit_code(), 4);
+        assert_eq!(
+            s.update(&a.id, "alice", TaskStatus::Cancelled, None)
+                .unwrap_err()
+                .exit_code(),
+            2
+        );
+        let t = s
+            .update(&a.id, "alice", TaskStatus::Pending, Some("stuck".into()))
+            .unwrap();
+        assert_eq!((t.status, t.owner.as_deref()), (TaskStatus::Pending, None));
+        assert_eq!(t.result.as_deref(), Some("stuck"));
+        s.claim(Some(&a.id), "bob", 2).unwrap();
+        let t = s
+            .update(&a.id, "bob", TaskStatus::Completed, Some("done".into()))
+            .unwrap();
+        assert!(t.completed_at.is_some());
+        assert_eq!(t.owner.as_deref(), Some("bob"));
+        let e = s
+            .update(&a.id, "bob", TaskStatus::Completed, None)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("is completed, not in_progress"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cancel_refuses_stranding_dependents_unless_cascade() {
+        let (_t, _team, s) = store();
+        let a = add(&s, "a", &[]);
+        let b = add(&s, "b", &[&a.id]);
+        let c = add(&s, "c", &[&b.id]);
+        let other = add(&s, "other", &[]);
+        let e = s.cancel(&a.id, false).unwrap_err();
+        assert_eq!(e.exit_code(), 4);
+        assert!(
+            e.to_string().contains(&b.id) && e.to_string().contains(&c.id),
+            "{e}"
+        );
+        assert_eq!(s.get(&a.id).unwrap().status, TaskStatus::Pending);
+        let done = s.cancel(&a.id, true).unwrap();
+        assert_eq!(done[0].id, a.id);
+        let mut got: Vec<_> = ids(&done).into_iter().map(str::to_owned).collect();
+        got.sort();
+        let mut want = vec![a.id.clone(), b.id.clone(), c.id.clone()];
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(
+            s.list(Some(TaskStatus::Cancelled)).unwrap().len(),
+            3,
+            "the chain is cancelled"
+        );
+        assert_eq!(s.get(&other.id).unwrap().status, TaskStatus::Pending);
+        let e = s.cancel(&a.id, true).unwrap_err();
+        assert!(e.to_string().contains("already cancelled"), "{e}");
+        // A leaf cancels without cascade; a cancelled task cannot be a new blocker.
+        s.cancel(&other.id, false).unwrap();
+        let e = s
+            .create(NewTask {
+                subject: "d".into(),
+                blocked_by: vec![other.id.clone()],
+                created_by: "lead".into(),
+                ..NewTask::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("is cancelled"), "{e}");
+    }
+
+    #[test]
+    fn reopen_puts_a_closed_task_back() {
+        let (_t, _team, s) = store();
+        let a = add(&s, "a", &[]);
+        assert!(
+            s.reopen(&a.id)
+                .unwrap_err()
+                .to_string()
+                .contains("not closed")
+        );
+        s.claim(None, "alice", 1).unwrap();
+        s.update(&a.id, "alice", TaskStatus::Completed, Some("r".into()))
+            .unwrap();
+        let t = s.reopen(&a.id).unwrap();
+        assert_eq!(t.status, TaskStatus::Pending);
+        assert_eq!((t.owner, t.result, t.completed_at), (None, None, None));
+        s.cancel(&a.id, false).unwrap();
+        assert_eq!(s.reopen(&a.id).unwrap().status, TaskStatus::Pending);
+        assert_eq!(s.claim(None, "bob", 1).unwrap().id, a.id);
+    }
+
+    #[test]
+    fn release_owned_by_hands_back_only_that_owners_work() {
+        let (_t, _team, s) = store();
+        let a = add(&s, "a", &[]);
+        let b = add(&s, "b", &[]);
+        let c = add(&s, "c", &[]);
+        s.claim(Some(&a.id), "alice", 1).unwrap();
+        s.claim(Some(&b.id), "bob", 1).unwrap();
+        s.claim(Some(&c.id), "alice", 1).unwrap();
+        s.update(&c.id, "alice", TaskStatus::Completed, None)
+            .unwrap();
+        let back = s.release_owned_by("alice").unwrap();
+        assert_eq!(ids(&back), [a.id.as_str()]);
+        let a = s.get(&a.id).unwrap();
+        assert_eq!((a.status, a.owner), (TaskStatus::Pending, None));
+        assert_eq!(s.get(&b.id).unwrap().status, TaskStatus::InProgress);
+        assert_eq!(s.get(&c.id).unwrap().status, TaskStatus::Completed);
+        assert!(s.release_owned_by("alice").unwrap().is_empty());
+    }
+
+    #[test]
+    fn unknown_fields_are_kept() {
+        let (_t, team, s) = store();
+        let a = add(&s, "a", &[]);
+        let mut v = serde_json::to_value(&a).unwrap();
+        v["hook_state"] = json!({"n": 1});
+        std::fs::write(team.task(&a.id).unwrap(), v.to_string()).unwrap();
+        s.claim(None, "alice", 1).unwrap();
+        let raw: Value =
+            serde_json::from_slice(&std::fs::read(team.task(&a.id).unwrap()).unwrap()).unwrap();
+        assert_eq!(raw["hook_state"], json!({"n": 1}));
+        assert_eq!(raw["status"], json!("in_progress"));
+    }
+}
