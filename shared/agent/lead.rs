@@ -484,6 +484,9 @@ impl Lead {
     /// Every tool but `read_inbox` (see [`Lead::run_tool`]).
     fn dispatch(&mut self, name: &str, input: &Value) -> ToolOutput {
         let team = &self.s.team;
+        if let Some(out) = tools::tasks::run(team, LEAD, 0, name, input) {
+            return out;
+        }
         let file_tool = matches!(name, "bash" | "read_file" | "write_file" | "edit_file");
         if file_tool {
             let wd = match tools::fs::Workdir::for_agent(&self.s.workdir, &self.s.team) {

@@ -733,6 +733,15 @@ impl Teammate {
             Ok(wd) => wd,
             Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
         };
+        if let Some(out) = tools::tasks::run(
+            &self.s.team,
+            self.s.name.as_str(),
+            self.incarnation,
+            name,
+            input,
+        ) {
+            return out;
+        }
         match name {
             "bash" => tools::bash::bash(&wd, &self.s.sandbox, input, self.s.bash_timeout),
             "read_file" => tools::fs::read_file(&wd, input),

@@ -7,6 +7,7 @@
 pub mod bash;
 pub mod fs;
 mod keeper;
+pub mod tasks;
 
 use serde_json::{Map, Value, json};
 
@@ -153,6 +154,7 @@ pub fn teammate_specs(gate_open: bool) -> Vec<ToolSpec> {
         teammate_shutdown_response_spec(),
         teammate_plan_approval_spec(),
     ]);
+    v.extend(tasks::teammate_specs());
     v
 }
 
@@ -220,6 +222,9 @@ pub fn lead_specs() -> Vec<ToolSpec> {
             &["request_id"],
         ),
     ]
+    .into_iter()
+    .chain(tasks::lead_specs())
+    .collect()
 }
 
 /// The input as an object; a string means the model sent arguments that were not valid JSON.
