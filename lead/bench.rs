@@ -709,6 +709,7 @@ fn spawn_phase(
                         prompt: "Say you are ready.".into(),
                         model: None,
                         require_plan_approval: false,
+                        auto_claim: false,
                         budget_usd: None,
                         budget_tokens: None,
                     },

@@ -37,6 +37,9 @@ pub struct SpawnArgs {
     /// Withhold bash/write_file/edit_file until a plan is approved.
     #[arg(long)]
     require_plan_approval: bool,
+    /// Claim the next claimable task of the board whenever it would go idle.
+    #[arg(long)]
+    auto_claim: bool,
     /// The most it may spend over its life, in US dollars (replaces its budget; raise it to
     /// spawn a member shut down for budget again).
     #[arg(long, value_parser = parse_usd)]
@@ -77,6 +80,7 @@ pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
             prompt,
             model: a.model,
             require_plan_approval: a.require_plan_approval,
+            auto_claim: a.auto_claim,
             budget_usd: a.budget_usd,
             budget_tokens: a.budget_tokens,
         },

@@ -223,6 +223,9 @@ pub struct Member {
     /// When the member's own process last wrote its record: its last sign of life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<f64>,
+    /// It claims the next claimable task whenever it would go idle (`lead spawn --auto-claim`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub auto_claim: bool,
     /// The sandbox its commands run in, as its process found it at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<crate::sandbox::Status>,
@@ -257,6 +260,7 @@ impl Member {
             updated_at: None,
             activity: None,
             last_seen: None,
+            auto_claim: false,
             sandbox: None,
             extra: Map::new(),
         }

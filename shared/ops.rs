@@ -25,6 +25,8 @@ pub struct SpawnSpec {
     pub prompt: String,
     pub model: Option<String>,
     pub require_plan_approval: bool,
+    /// Claims tasks of the board by itself whenever it would go idle.
+    pub auto_claim: bool,
     /// Sets the member's dollar budget (over its life); `None` keeps the one it has.
     pub budget_usd: Option<f64>,
     /// Sets the member's token budget (over its life); `None` keeps the one it has.
@@ -98,6 +100,7 @@ fn spawn_in(
                 m.model = spec.model.clone();
             }
             m.require_plan_approval = spec.require_plan_approval;
+            m.auto_claim = spec.auto_claim;
             m.plan_approved = false;
             m.task_at = Some(crate::fsutil::now());
             if spec.budget_usd.is_some() {
@@ -113,6 +116,7 @@ fn spawn_in(
             m.prompt = Some(spec.prompt.clone());
             m.model = spec.model.clone();
             m.require_plan_approval = spec.require_plan_approval;
+            m.auto_claim = spec.auto_claim;
             m.task_at = Some(crate::fsutil::now());
             m.budget_usd = spec.budget_usd;
             m.budget_tokens = spec.budget_tokens;

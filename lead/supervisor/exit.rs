@@ -4,6 +4,36 @@
 use super::*;
 
 impl Supervisor {
+    /// A member that ended `failed` or `shutdown` hands its in-progress tasks back to
+    /// `pending` (each with a `task_updated` event), the lead hears which, and idle claimers
+    /// are woken for them. A team stop (`stopped`) keeps them: the next `lead run` resumes it.
+    fn hand_back_tasks(&self, name: &str, status: MemberStatus) {
+        let released = match troupe::tasks::TaskStore::new(&self.team).release_owned_by(name) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("could not hand back {name}'s tasks: {e}");
+                return;
+            }
+        };
+        if released.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = released.iter().map(|t| t.id.as_str()).collect();
+        let note = Message::new(
+            MessageType::StatusUpdate,
+            name,
+            LEAD,
+            format!(
+                "{name} ended {status}; its tasks {} are pending again",
+                ids.join(", ")
+            ),
+        );
+        if let Err(e) = Inbox::new(&self.team, &AgentName::lead()).append(&note, Durability::Sync) {
+            tracing::warn!("could not tell the lead {name}'s tasks were handed back: {e}");
+        }
+        troupe::tasks::wake_claimers(&self.team, Some(name));
+    }
+
     pub(super) fn reap(&mut self) -> anyhow::Result<()> {
         let mut exited = Vec::new();
         for (name, r) in &mut self.running {
@@ -130,6 +160,9 @@ impl Supervisor {
                 m.reason = why.clone();
             }
         });
+        if matches!(status, MemberStatus::Failed | MemberStatus::Shutdown) {
+            self.hand_back_tasks(name, status);
+        }
         if status == MemberStatus::Failed {
             events::log(
                 &self.team,

@@ -685,6 +685,10 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         None | Some(Value::Null) => false,
         Some(_) => tools::input_bool(input, "require_plan_approval")?,
     };
+    let auto_claim = match input.get("auto_claim") {
+        None | Some(Value::Null) => false,
+        Some(_) => tools::input_bool(input, "auto_claim")?,
+    };
     let model = tools::input_opt_str(input, "model")?
         .filter(|m| !m.trim().is_empty())
         .map(str::to_owned);
@@ -697,6 +701,7 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         prompt: prompt.to_owned(),
         model,
         require_plan_approval,
+        auto_claim,
         budget_usd: None,
         budget_tokens: None,
     };

@@ -88,6 +88,8 @@ pub struct Teammate {
     status: Option<MemberStatus>,
     /// The activity this process last wrote, for the same reason.
     shown: Option<Activity>,
+    /// Claims tasks of the board by itself whenever it would go idle.
+    auto_claim: bool,
     /// The model call for which a compaction was forced by a "prompt too long" answer.
     forced_compaction: Option<u64>,
     /// The wait before the previous retry, while the model API is down.
@@ -120,6 +122,7 @@ impl Teammate {
             role: member.role.clone(),
             prompt: member.prompt.clone().unwrap_or_default(),
             plan_gate: member.require_plan_approval,
+            auto_claim: member.auto_claim,
             task_at: member.task_at,
             gate_open: false,
             shutdown_approved: false,
@@ -252,6 +255,11 @@ impl Teammate {
             }
             // Nothing to do (also right after a restart between activations): say so.
             self.set_status(MemberStatus::Idle)?;
+            // An auto-claimer then looks at the board: after saying it is idle, so that a task
+            // completed from now on wakes it (only idle claimers are woken), and none is missed.
+            if self.auto_claim && self.claim_next()? {
+                continue;
+            }
             // Writes that wait for config.json are retried every second meanwhile.
             let timeout = self.record.is_pending().then_some(Duration::from_secs(1));
             self.record.flush();
@@ -287,6 +295,12 @@ impl Teammate {
     /// model: returns true), approvals open the gate.
     fn note_message(&mut self, m: &Message) -> Result<bool> {
         match m.kind {
+            // A wake-up for auto-claimers: the loop looks at the board; the model never sees it.
+            MessageType::StatusUpdate
+                if m.from == LEAD && m.content == crate::tasks::BOARD_CHANGED =>
+            {
+                return Ok(true);
+            }
             MessageType::ShutdownRequest => {
                 let Some(rid) = m.request_id.as_deref() else {
                     return Ok(false);
@@ -332,6 +346,7 @@ impl Teammate {
                     .and_then(|c| c.member(self.s.name.as_str()))
                 {
                     self.plan_gate = me.require_plan_approval;
+                    self.auto_claim = me.auto_claim;
                     self.task_at = me.task_at;
                     self.gate_open = self.plan_approved()?;
                 }
@@ -898,6 +913,74 @@ impl Teammate {
             req.request_id
         ))
     }
+}
+
+/// Claiming tasks by itself (`lead spawn --auto-claim`).
+impl Teammate {
+    /// Takes the next claimable task of the board, oldest first, and puts it in its own inbox
+    /// as a `task_assignment` (its id derived from the task, so a restart between the claim and
+    /// the message sends it again and the journal keeps it once). A task this member already
+    /// owns whose assignment it has not seen (a kill between the two) comes first. Returns
+    /// whether there is new work.
+    fn claim_next(&mut self) -> Result<bool> {
+        let store = crate::tasks::TaskStore::new(&self.s.team);
+        let me = self.s.name.as_str();
+        let owned = store
+            .list(Some(crate::tasks::TaskStatus::InProgress))
+            .unwrap_or_default()
+            .into_iter()
+            .find(|t| {
+                t.owner.as_deref() == Some(me) && !self.journal.has_seen(&claim_id(&t.id, me))
+            });
+        let task = match owned {
+            Some(t) => t,
+            None => match store.claim(None, me, self.incarnation) {
+                Ok(t) => t,
+                Err(crate::error::Error::NoClaimableTask) => return Ok(false),
+                Err(e) => {
+                    tracing::warn!("could not claim a task: {e}");
+                    return Ok(false);
+                }
+            },
+        };
+        let blockers = if task.blocked_by.is_empty() {
+            String::new()
+        } else {
+            format!(" (after {}, all completed)", task.blocked_by.join(", "))
+        };
+        let mut msg = Message::new(
+            MessageType::TaskAssignment,
+            me,
+            me,
+            format!(
+                "You claimed task {id}{blockers}: {subject}\n{description}\nWhen it is done, call \
+                 task_update with task_id {id}, status completed and the result; to give it back, \
+                 status pending.",
+                id = task.id,
+                subject = task.subject,
+                description = task.description,
+            ),
+        );
+        msg.id = claim_id(&task.id, me);
+        // A member that needs plan approval needs it for each task it takes.
+        if self.plan_gate && !self.journal.has_seen(&msg.id) {
+            let now = fsutil::now();
+            self.task_at = Some(now);
+            self.gate_open = false;
+            self.write(move |m| {
+                m.task_at = Some(now);
+                m.plan_approved = false;
+            });
+            self.record.flush();
+        }
+        Inbox::new(&self.s.team, &self.s.name).append(&msg, Durability::Sync)?;
+        Ok(true)
+    }
+}
+
+/// The id of the `task_assignment` a member sends itself for a task it claimed.
+fn claim_id(task: &str, member: &str) -> String {
+    crate::ids::derived(&format!("claim:{task}:{member}")).to_string()
 }
 
 /// The ledger and the budget stop.

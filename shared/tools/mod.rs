@@ -173,7 +173,8 @@ pub fn lead_specs() -> Vec<ToolSpec> {
                 "role": {"type": "string"},
                 "prompt": {"type": "string", "description": "The teammate's task and instructions."},
                 "require_plan_approval": {"type": "boolean", "description": "The teammate must have a plan approved before it may change anything."},
-                "model": {"type": "string", "description": "Model id for this teammate (default: the team's)."}
+                "model": {"type": "string", "description": "Model id for this teammate (default: the team's)."},
+                "auto_claim": {"type": "boolean", "description": "The teammate claims tasks of the board by itself whenever it would go idle."}
             }),
             &["name", "role", "prompt"],
         ),

@@ -217,5 +217,11 @@ pub fn run(
             _ => unreachable!("checked above"),
         })
     })();
+    // A new task, a completion or a cancellation may let an idle claimer go on.
+    if matches!(name, "task_create" | "task_update" | "task_cancel")
+        && result.as_ref().is_ok_and(|o| !o.is_error)
+    {
+        crate::tasks::wake_claimers(team, Some(who));
+    }
     Some(result.unwrap_or_else(ToolOutput::error))
 }
