@@ -615,6 +615,41 @@ fn find_cycle(id: &str, blockers: &[String], all: &HashMap<String, Task>) -> Opt
     visit(id, &edges, &mut BTreeMap::new(), &mut Vec::new())
 }
 
+/// The content of the notice that wakes idle auto-claiming teammates when the board changed
+/// (a task created, completed, reopened or handed back). Handled by the worker itself, never
+/// shown to the model.
+pub const BOARD_CHANGED: &str = "[the task board changed]";
+
+/// Wakes every idle member with `auto_claim` (but `except`), so it looks for a claimable task
+/// as soon as it would for a message. Best effort: a full inbox is skipped with a warning.
+pub fn wake_claimers(team: &TeamDir, except: Option<&str>) {
+    let Ok(cfg) = crate::config::Roster::new(team).load() else {
+        return;
+    };
+    for m in &cfg.members {
+        if !m.auto_claim
+            || m.status != crate::config::MemberStatus::Idle
+            || Some(m.name.as_str()) == except
+        {
+            continue;
+        }
+        let Ok(to) = crate::teamdir::AgentName::teammate(&m.name) else {
+            continue;
+        };
+        let note = crate::message::Message::new(
+            crate::message::MessageType::StatusUpdate,
+            crate::teamdir::LEAD,
+            &m.name,
+            BOARD_CHANGED,
+        );
+        if let Err(e) =
+            crate::inbox::Inbox::new(team, &to).append(&note, crate::inbox::Durability::Sync)
+        {
+            tracing::warn!("could not wake {}: {e}", m.name);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -902,40 +937,5 @@ mod tests {
             serde_json::from_slice(&std::fs::read(team.task(&a.id).unwrap()).unwrap()).unwrap();
         assert_eq!(raw["hook_state"], json!({"n": 1}));
         assert_eq!(raw["status"], json!("in_progress"));
-    }
-}
-
-/// The content of the notice that wakes idle auto-claiming teammates when the board changed
-/// (a task created, completed, reopened or handed back). Handled by the worker itself, never
-/// shown to the model.
-pub const BOARD_CHANGED: &str = "[the task board changed]";
-
-/// Wakes every idle member with `auto_claim` (but `except`), so it looks for a claimable task
-/// as soon as it would for a message. Best effort: a full inbox is skipped with a warning.
-pub fn wake_claimers(team: &TeamDir, except: Option<&str>) {
-    let Ok(cfg) = crate::config::Roster::new(team).load() else {
-        return;
-    };
-    for m in &cfg.members {
-        if !m.auto_claim
-            || m.status != crate::config::MemberStatus::Idle
-            || Some(m.name.as_str()) == except
-        {
-            continue;
-        }
-        let Ok(to) = crate::teamdir::AgentName::teammate(&m.name) else {
-            continue;
-        };
-        let note = crate::message::Message::new(
-            crate::message::MessageType::StatusUpdate,
-            crate::teamdir::LEAD,
-            &m.name,
-            BOARD_CHANGED,
-        );
-        if let Err(e) =
-            crate::inbox::Inbox::new(team, &to).append(&note, crate::inbox::Durability::Sync)
-        {
-            tracing::warn!("could not wake {}: {e}", m.name);
-        }
     }
 }
