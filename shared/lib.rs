@@ -18,6 +18,7 @@ pub mod llm;
 pub mod mail;
 pub mod message;
 pub mod ops;
+mod records;
 pub mod requests;
 pub mod sandbox;
 pub mod tasks;

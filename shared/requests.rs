@@ -8,16 +8,15 @@
 //! teammate submits a plan, and only a request's addressee may answer it.
 
 use std::fmt;
-use std::io::ErrorKind;
-use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::fsutil::{self, FILE_MODE};
-use crate::teamdir::{LEAD, TeamDir, check_request_id};
+use crate::fsutil;
+use crate::records::Records;
+use crate::teamdir::{LEAD, TeamDir};
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,23 +173,7 @@ impl RequestStore {
             }
             _ => {}
         }
-        let dir = self.team.requests_dir();
-        fsutil::create_dir(&dir)?;
-        let id = loop {
-            let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-            let lock_path = self.team.request_lock(&id)?;
-            // Claiming the lock file with O_EXCL reserves the id: a collision retries.
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(FILE_MODE)
-                .open(&lock_path)
-            {
-                Ok(_) => break id,
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io("create", &lock_path)(e)),
-            }
-        };
+        let id = self.records().reserve_id()?;
         let now = fsutil::now();
         let req = Request {
             request_id: id.clone(),
@@ -220,40 +203,14 @@ impl RequestStore {
 
     /// Reads one request.
     pub fn get(&self, id: &str) -> Result<Request> {
-        let path = self.team.request(id)?;
-        let bytes =
-            fsutil::read_optional(&path)?.ok_or_else(|| Error::UnknownRequest(id.to_owned()))?;
-        serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-            path,
-            why: e.to_string(),
-        })
+        self.records().get(id)
     }
 
     /// Every request (optionally only those in `status`), oldest first. Unreadable files are
     /// reported on stderr and skipped.
     pub fn list(&self, status: Option<RequestStatus>) -> Result<Vec<Request>> {
-        let dir = self.team.requests_dir();
-        let rd = match std::fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("list", &dir)(e)),
-        };
-        let mut out = Vec::new();
-        for ent in rd {
-            let ent = ent.map_err(Error::io("list", &dir))?;
-            let name = ent.file_name();
-            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
-                continue;
-            };
-            if check_request_id(id).is_err() {
-                continue;
-            }
-            match self.get(id) {
-                Ok(r) if status.is_none_or(|s| r.status == s) => out.push(r),
-                Ok(_) | Err(Error::UnknownRequest(_)) => {}
-                Err(e) => tracing::warn!("skipping request: {e}"),
-            }
-        }
+        let mut out: Vec<Request> = self.records().list()?;
+        out.retain(|r| status.is_none_or(|s| r.status == s));
         out.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
         Ok(out)
     }
@@ -340,37 +297,23 @@ impl RequestStore {
         Ok(changed.then_some(req))
     }
 
-    /// Runs `f` on the current record under the request's lock and durably writes what it
-    /// returns (`None`: no write).
+    /// Reads, decides and writes request `id` under its lock (see [`crate::records`]).
     fn locked(
         &self,
         id: &str,
         f: impl FnOnce(Option<Request>) -> Result<Option<Request>>,
     ) -> Result<Request> {
-        let path = self.team.request(id)?;
-        let lock_path = self.team.request_lock(id)?;
-        if !lock_path.exists() && !path.exists() {
-            return Err(Error::UnknownRequest(id.to_owned()));
-        }
-        let lock = fsutil::open_lock(&lock_path)?;
-        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
-        let cur = match self.get(id) {
-            Ok(r) => Some(r),
-            Err(Error::UnknownRequest(_)) => None,
-            Err(e) => return Err(e),
-        };
-        let before = cur.clone();
-        let next = f(cur)?;
-        match next {
-            Some(req) if Some(&req) != before.as_ref() => {
-                let mut bytes = serde_json::to_vec_pretty(&req)
-                    .map_err(|e| Error::Protocol(format!("failed to serialize request: {e}")))?;
-                bytes.push(b'\n');
-                fsutil::atomic_write(&path, &bytes)?;
-                Ok(req)
-            }
-            Some(req) => Ok(req),
-            None => before.ok_or_else(|| Error::UnknownRequest(id.to_owned())),
+        self.records().locked(id, f)
+    }
+
+    fn records(&self) -> Records<'_> {
+        Records {
+            team: &self.team,
+            dir: TeamDir::requests_dir,
+            file: TeamDir::request,
+            lock: TeamDir::request_lock,
+            unknown: Error::UnknownRequest,
+            noun: "request",
         }
     }
 }

@@ -17,15 +17,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::io::ErrorKind;
-use std::os::unix::fs::OpenOptionsExt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
 use crate::events;
-use crate::fsutil::{self, FILE_MODE};
+use crate::fsutil;
+use crate::records::Records;
 use crate::teamdir::{AgentName, TeamDir, check_task_id};
 
 /// Where a task stands.
@@ -169,23 +168,7 @@ impl TaskStore {
                 Some(_) => {}
             }
         }
-        let dir = self.team.tasks_dir();
-        fsutil::create_dir(&dir)?;
-        let id = loop {
-            let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-            let lock_path = self.team.task_lock(&id)?;
-            // Claiming the lock file with O_EXCL reserves the id: a collision retries.
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(FILE_MODE)
-                .open(&lock_path)
-            {
-                Ok(_) => break id,
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io("create", &lock_path)(e)),
-            }
-        };
+        let id = self.records().reserve_id()?;
         // A fresh id cannot be anyone's blocker yet, but a forged file might name it, or the
         // existing chains may already loop: refuse to hang a task on a cycle.
         if let Some(cycle) = find_cycle(&id, &blocked_by, &all) {
@@ -223,40 +206,14 @@ impl TaskStore {
 
     /// Reads one task.
     pub fn get(&self, id: &str) -> Result<Task> {
-        let path = self.team.task(id)?;
-        let bytes =
-            fsutil::read_optional(&path)?.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
-        serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-            path,
-            why: e.to_string(),
-        })
+        self.records().get(id)
     }
 
     /// Every task (optionally only those in `status`), oldest first. Unreadable files are
     /// reported on stderr and skipped.
     pub fn list(&self, status: Option<TaskStatus>) -> Result<Vec<Task>> {
-        let dir = self.team.tasks_dir();
-        let rd = match std::fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("list", &dir)(e)),
-        };
-        let mut out = Vec::new();
-        for ent in rd {
-            let ent = ent.map_err(Error::io("list", &dir))?;
-            let name = ent.file_name();
-            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
-                continue;
-            };
-            if check_task_id(id).is_err() {
-                continue;
-            }
-            match self.get(id) {
-                Ok(t) if status.is_none_or(|s| t.status == s) => out.push(t),
-                Ok(_) | Err(Error::UnknownTask(_)) => {}
-                Err(e) => tracing::warn!("skipping task: {e}"),
-            }
-        }
+        let mut out: Vec<Task> = self.records().list()?;
+        out.retain(|t| status.is_none_or(|s| t.status == s));
         out.sort_by(|a, b| {
             a.created_at
                 .total_cmp(&b.created_at)
@@ -540,36 +497,23 @@ impl TaskStore {
         events::log(&self.team, event, fields);
     }
 
-    /// Runs `f` on the current record under the task's lock and durably writes what it
-    /// returns (`None`: no write).
+    /// Reads, decides and writes task `id` under its lock (see [`crate::records`]).
     fn locked(
         &self,
         id: &str,
         f: impl FnOnce(Option<Task>) -> Result<Option<Task>>,
     ) -> Result<Task> {
-        let path = self.team.task(id)?;
-        let lock_path = self.team.task_lock(id)?;
-        if !lock_path.exists() && !path.exists() {
-            return Err(Error::UnknownTask(id.to_owned()));
-        }
-        let lock = fsutil::open_lock(&lock_path)?;
-        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
-        let cur = match self.get(id) {
-            Ok(t) => Some(t),
-            Err(Error::UnknownTask(_)) => None,
-            Err(e) => return Err(e),
-        };
-        let before = cur.clone();
-        match f(cur)? {
-            Some(t) if Some(&t) != before.as_ref() => {
-                let mut bytes = serde_json::to_vec_pretty(&t)
-                    .map_err(|e| Error::Protocol(format!("failed to serialize task: {e}")))?;
-                bytes.push(b'\n');
-                fsutil::atomic_write(&path, &bytes)?;
-                Ok(t)
-            }
-            Some(t) => Ok(t),
-            None => before.ok_or_else(|| Error::UnknownTask(id.to_owned())),
+        self.records().locked(id, f)
+    }
+
+    fn records(&self) -> Records<'_> {
+        Records {
+            team: &self.team,
+            dir: TeamDir::tasks_dir,
+            file: TeamDir::task,
+            lock: TeamDir::task_lock,
+            unknown: Error::UnknownTask,
+            noun: "task",
         }
     }
 }

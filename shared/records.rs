@@ -1,0 +1,128 @@
+//! The one-record-per-file directories of the team dir (`requests/`, `tasks/`): a record is
+//! `ID.json`, its id an 8-hex name reserved by creating its sidecar `ID.lock` with `O_EXCL`, and
+//! every change happens under that lock, held across the read, the check and the durable
+//! replace (temp, fsync, rename, fsync dir). So of two processes racing to change a record,
+//! exactly one wins and the other sees what it lost to. The stores ([`crate::requests`],
+//! [`crate::tasks`]) decide what a change may be; this module only reads and writes.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+use crate::fsutil::{self, FILE_MODE};
+use crate::teamdir::TeamDir;
+
+/// One kind of record in one team dir.
+pub(crate) struct Records<'a> {
+    pub team: &'a TeamDir,
+    /// The directory of the records.
+    pub dir: fn(&TeamDir) -> PathBuf,
+    /// `ID.json` (refusing ids that are not 8 lower-case hex characters).
+    pub file: fn(&TeamDir, &str) -> Result<PathBuf>,
+    /// `ID.lock`.
+    pub lock: fn(&TeamDir, &str) -> Result<PathBuf>,
+    /// The error for an id that names no record.
+    pub unknown: fn(String) -> Error,
+    /// What a record is, in error messages.
+    pub noun: &'static str,
+}
+
+impl Records<'_> {
+    /// A fresh id, reserved by creating its lock file (a collision draws again).
+    pub fn reserve_id(&self) -> Result<String> {
+        fsutil::create_dir(&(self.dir)(self.team))?;
+        loop {
+            let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+            let lock_path = (self.lock)(self.team, &id)?;
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(FILE_MODE)
+                .open(&lock_path)
+            {
+                Ok(_) => return Ok(id),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io("create", &lock_path)(e)),
+            }
+        }
+    }
+
+    /// The record `id`, or `None` when its file is not there.
+    fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
+        let path = (self.file)(self.team, id)?;
+        let Some(bytes) = fsutil::read_optional(&path)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Corrupt {
+                path,
+                why: e.to_string(),
+            })
+    }
+
+    /// The record `id`.
+    pub fn get<T: DeserializeOwned>(&self, id: &str) -> Result<T> {
+        self.read(id)?.ok_or_else(|| (self.unknown)(id.to_owned()))
+    }
+
+    /// Every record, in no order. Files that are not records are ignored; unreadable records
+    /// are reported with a warning and skipped.
+    pub fn list<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
+        let dir = (self.dir)(self.team);
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("list", &dir)(e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(Error::io("list", &dir))?;
+            let name = ent.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            if (self.file)(self.team, id).is_err() {
+                continue;
+            }
+            match self.read(id) {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("skipping {}: {e}", self.noun),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads record `id` under its lock, lets `f` decide its next state (`None`: no change),
+    /// and writes it durably if it changed. An id that was never reserved is unknown.
+    pub fn locked<T>(&self, id: &str, f: impl FnOnce(Option<T>) -> Result<Option<T>>) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + PartialEq,
+    {
+        let path = (self.file)(self.team, id)?;
+        let lock_path = (self.lock)(self.team, id)?;
+        if !lock_path.exists() && !path.exists() {
+            return Err((self.unknown)(id.to_owned()));
+        }
+        let lock = fsutil::open_lock(&lock_path)?;
+        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
+        let before: Option<T> = self.read(id)?;
+        match f(before.clone())? {
+            Some(next) if Some(&next) != before.as_ref() => {
+                let mut bytes = serde_json::to_vec_pretty(&next).map_err(|e| {
+                    Error::Protocol(format!("failed to serialize {}: {e}", self.noun))
+                })?;
+                bytes.push(b'\n');
+                fsutil::atomic_write(&path, &bytes)?;
+                Ok(next)
+            }
+            Some(same) => Ok(same),
+            None => before.ok_or_else(|| (self.unknown)(id.to_owned())),
+        }
+    }
+}
