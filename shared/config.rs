@@ -289,6 +289,9 @@ pub struct TeamConfig {
     /// What the LLM lead (`lead chat`, `lead demo`) spent over the team's life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lead_spend: Option<crate::cost::Spend>,
+    /// The user's commands run on team events (see [`crate::hooks`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<crate::hooks::Hook>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -301,6 +304,7 @@ impl Default for TeamConfig {
             lead_sandbox: None,
             team_budget_usd: None,
             lead_spend: None,
+            hooks: Vec::new(),
             extra: Map::new(),
         }
     }

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod error;
 pub mod events;
 pub mod fsutil;
+pub mod hooks;
 pub mod ids;
 pub mod inbox;
 pub mod liveness;
