@@ -47,7 +47,7 @@ struct AddArgs {
 
 #[derive(Debug, clap::Args)]
 struct ListArgs {
-    /// Only tasks in this status (pending, in_progress, completed, cancelled).
+    /// Only tasks in this status (pending, in_progress, completing, completed, cancelled).
     #[arg(long)]
     status: Option<TaskStatus>,
     #[arg(long)]
@@ -154,6 +154,9 @@ fn show(team: &TeamDir, a: IdArgs) -> anyhow::Result<u8> {
     println!("id:          {}", t.id);
     println!("subject:     {}", t.subject);
     println!("status:      {}", t.status);
+    if t.created_hook_pending {
+        println!("hooks:       waits for the task_created hooks");
+    }
     println!("owner:       {owner}");
     println!(
         "blocked_by:  {}",

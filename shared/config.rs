@@ -226,6 +226,10 @@ pub struct Member {
     /// It claims the next claimable task whenever it would go idle (`lead spawn --auto-claim`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub auto_claim: bool,
+    /// The team's `teammate_idle` hooks have yet to run for the activation that ended with
+    /// this many model calls (set by the teammate as it goes idle, cleared by the supervisor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_hook_pending: Option<u64>,
     /// The sandbox its commands run in, as its process found it at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<crate::sandbox::Status>,
@@ -261,6 +265,7 @@ impl Member {
             activity: None,
             last_seen: None,
             auto_claim: false,
+            idle_hook_pending: None,
             sandbox: None,
             extra: Map::new(),
         }

@@ -24,6 +24,7 @@ use serde_json::{Map, Value, json};
 use crate::error::{Error, Result};
 use crate::events;
 use crate::fsutil;
+use crate::hooks::HookEvent;
 use crate::records::Records;
 use crate::teamdir::{AgentName, TeamDir, check_task_id};
 
@@ -33,6 +34,9 @@ use crate::teamdir::{AgentName, TeamDir, check_task_id};
 pub enum TaskStatus {
     Pending,
     InProgress,
+    /// Its owner marked it completed and the team's `task_completed` hooks have yet to pass
+    /// it: it does not release its dependents until they do (see [`crate::hooks`]).
+    Completing,
     Completed,
     Cancelled,
 }
@@ -43,6 +47,7 @@ impl TaskStatus {
         match self {
             TaskStatus::Pending => "pending",
             TaskStatus::InProgress => "in_progress",
+            TaskStatus::Completing => "completing",
             TaskStatus::Completed => "completed",
             TaskStatus::Cancelled => "cancelled",
         }
@@ -66,10 +71,12 @@ impl std::str::FromStr for TaskStatus {
         match s {
             "pending" => Ok(TaskStatus::Pending),
             "in_progress" => Ok(TaskStatus::InProgress),
+            "completing" => Ok(TaskStatus::Completing),
             "completed" => Ok(TaskStatus::Completed),
             "cancelled" => Ok(TaskStatus::Cancelled),
             _ => Err(format!(
-                "unknown task status {s:?} (expected pending, in_progress, completed or cancelled)"
+                "unknown task status {s:?} (expected pending, in_progress, completing, completed \
+                 or cancelled)"
             )),
         }
     }
@@ -100,6 +107,10 @@ pub struct Task {
     pub updated_at: f64,
     #[serde(default)]
     pub completed_at: Option<f64>,
+    /// The team's `task_created` hooks have yet to run on it: nobody may claim it until they
+    /// pass it (one that exits 2 cancels it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created_hook_pending: bool,
     /// Fields written by other versions, kept as they were.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -180,6 +191,7 @@ impl TaskStore {
             )));
         }
         let now = fsutil::now();
+        let created_hook_pending = hooked(&self.team, HookEvent::TaskCreated);
         let task = Task {
             id: id.clone(),
             subject: subject.to_owned(),
@@ -193,6 +205,7 @@ impl TaskStore {
             created_at: now,
             updated_at: now,
             completed_at: None,
+            created_hook_pending,
             extra: Map::new(),
         };
         let task = self.locked(&id, |_| Ok(Some(task.clone())))?;
@@ -232,6 +245,7 @@ impl TaskStore {
             .iter()
             .filter(|t| {
                 t.status == TaskStatus::Pending
+                    && !t.created_hook_pending
                     && t.owner.as_deref().is_none_or(|o| Some(o) == who)
                     && t.blocked_by
                         .iter()
@@ -278,6 +292,12 @@ impl TaskStore {
             if let Some(owner) = t.owner.as_deref().filter(|o| *o != who) {
                 return Err(refused(id, format!("is assigned to {owner}")));
             }
+            if t.created_hook_pending {
+                return Err(refused(
+                    id,
+                    "waits for the team's task_created hooks to pass it",
+                ));
+            }
             let mut waiting = Vec::new();
             for b in &t.blocked_by {
                 match self.get(b) {
@@ -302,7 +322,8 @@ impl TaskStore {
 
     /// The owner's report on its in-progress task: `completed` (done, with `result`), or
     /// `pending` (it gives the task up: the owner is cleared and anyone may claim it). Only the
-    /// owner may update.
+    /// owner may update. Where the team has `task_completed` hooks, a completion is held as
+    /// `completing` until they pass it ([`TaskStore::settle_completion`]).
     pub fn update(
         &self,
         id: &str,
@@ -315,6 +336,7 @@ impl TaskStore {
                 "an owner moves its task to completed or pending (gives it up), not {status}"
             )));
         }
+        let held = status == TaskStatus::Completed && hooked(&self.team, HookEvent::TaskCompleted);
         let task = self.locked(id, |cur| {
             let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
             if t.owner.as_deref() != Some(who) {
@@ -339,7 +361,9 @@ impl TaskStore {
             if result.is_some() {
                 t.result = result;
             }
-            if status == TaskStatus::Completed {
+            if held {
+                t.status = TaskStatus::Completing;
+            } else if status == TaskStatus::Completed {
                 t.completed_at = Some(now);
             } else {
                 t.owner = None;
@@ -487,6 +511,69 @@ impl TaskStore {
         Ok(out)
     }
 
+    /// The `task_completed` hooks' verdict on a `completing` task: passed, it is completed (and
+    /// releases its dependents); sent back, it is `in_progress` with its owner again. `None`
+    /// if it is no longer completing (reopened meanwhile, or settled by an earlier run).
+    pub fn settle_completion(&self, id: &str, passed: bool) -> Result<Option<Task>> {
+        let mut changed = false;
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.status == TaskStatus::Completing {
+                let now = fsutil::now();
+                t.updated_at = now;
+                if passed {
+                    t.status = TaskStatus::Completed;
+                    t.completed_at = Some(now);
+                } else {
+                    t.status = TaskStatus::InProgress;
+                }
+                changed = true;
+            }
+            Ok(Some(t))
+        })?;
+        if !changed {
+            return Ok(None);
+        }
+        let event = if passed {
+            "task_completed"
+        } else {
+            "task_sent_back"
+        };
+        self.log(event, &task, json!({"hook": HookEvent::TaskCompleted}));
+        Ok(Some(task))
+    }
+
+    /// The `task_created` hooks' verdict on a new task: passed, it may be claimed; refused, it
+    /// is cancelled with `why` as its result (unless someone closed it meanwhile). `None` if
+    /// its hooks were settled already.
+    pub fn settle_created(&self, id: &str, passed: bool, why: &str) -> Result<Option<Task>> {
+        let mut changed = false;
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.created_hook_pending {
+                t.created_hook_pending = false;
+                t.updated_at = fsutil::now();
+                if !passed && t.status.is_open() {
+                    t.status = TaskStatus::Cancelled;
+                    t.result = Some(why.to_owned());
+                }
+                changed = true;
+            }
+            Ok(Some(t))
+        })?;
+        if !changed {
+            return Ok(None);
+        }
+        if task.status == TaskStatus::Cancelled {
+            self.log(
+                "task_cancelled",
+                &task,
+                json!({"hook": HookEvent::TaskCreated}),
+            );
+        }
+        Ok(Some(task))
+    }
+
     fn log(&self, event: &str, t: &Task, more: Value) {
         let mut fields = json!({
             "id": t.id, "subject": t.subject, "owner": t.owner, "status": t.status,
@@ -516,6 +603,15 @@ impl TaskStore {
             noun: "task",
         }
     }
+}
+
+/// Whether the team has hooks on `event`. An unreadable config.json (a person's edit in
+/// progress) counts as yes: a change held for hooks that turn out absent is released by the
+/// supervisor, while one let through would have skipped them.
+fn hooked(team: &TeamDir, event: HookEvent) -> bool {
+    crate::config::Roster::new(team)
+        .load()
+        .map_or(true, |c| crate::hooks::any_for(&c.hooks, event))
 }
 
 /// A cycle reachable from a new task `id` blocked by `blockers`, over the `blocked_by` links of
@@ -867,6 +963,65 @@ mod tests {
         assert_eq!(s.get(&b.id).unwrap().status, TaskStatus::InProgress);
         assert_eq!(s.get(&c.id).unwrap().status, TaskStatus::Completed);
         assert!(s.release_owned_by("alice").unwrap().is_empty());
+    }
+
+    #[test]
+    fn hooks_hold_completions_and_new_tasks_until_settled() {
+        let (_tmp, team, s) = store();
+        // No hooks: a completion is final at once.
+        let plain = add(&s, "plain", &[]);
+        s.claim(Some(&plain.id), "amy", 1).unwrap();
+        let t = s
+            .update(&plain.id, "amy", TaskStatus::Completed, None)
+            .unwrap();
+        assert_eq!(t.status, TaskStatus::Completed);
+        assert!(!t.created_hook_pending);
+        crate::config::Roster::new(&team)
+            .update(|c| {
+                for event in [HookEvent::TaskCreated, HookEvent::TaskCompleted] {
+                    c.hooks.push(crate::hooks::Hook {
+                        event,
+                        command: "true".into(),
+                        timeout_secs: None,
+                    });
+                }
+                Ok(())
+            })
+            .unwrap();
+        let a = add(&s, "a", &[]);
+        let b = add(&s, "b", &[&a.id]);
+        assert!(a.created_hook_pending);
+        assert!(s.claimable(Some("amy")).unwrap().is_empty());
+        assert!(s.claim(Some(&a.id), "amy", 1).is_err());
+        assert!(s.settle_created(&a.id, true, "").unwrap().is_some());
+        assert!(
+            s.settle_created(&a.id, true, "").unwrap().is_none(),
+            "settled twice"
+        );
+        s.settle_created(&b.id, true, "").unwrap();
+        s.claim(Some(&a.id), "amy", 1).unwrap();
+        let held = s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
+        assert_eq!(held.status, TaskStatus::Completing);
+        assert!(held.completed_at.is_none());
+        // A completing blocker releases nothing yet.
+        assert!(ids(&s.claimable(Some("amy")).unwrap()).is_empty());
+        let back = s.settle_completion(&a.id, false).unwrap().unwrap();
+        assert_eq!(back.status, TaskStatus::InProgress);
+        assert_eq!(back.owner.as_deref(), Some("amy"));
+        assert!(
+            s.settle_completion(&a.id, true).unwrap().is_none(),
+            "not completing"
+        );
+        s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
+        let done = s.settle_completion(&a.id, true).unwrap().unwrap();
+        assert_eq!(done.status, TaskStatus::Completed);
+        assert!(done.completed_at.is_some());
+        assert_eq!(ids(&s.claimable(Some("amy")).unwrap()), [b.id.as_str()]);
+        // A refused new task is cancelled with the reason.
+        let c = add(&s, "c", &[]);
+        let c = s.settle_created(&c.id, false, "no").unwrap().unwrap();
+        assert_eq!(c.status, TaskStatus::Cancelled);
+        assert_eq!(c.result.as_deref(), Some("no"));
     }
 
     #[test]

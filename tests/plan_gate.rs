@@ -87,3 +87,56 @@ fn a_plan_approved_in_an_earlier_life_does_not_open_the_gate() {
     let tools = offered(&fake, 1);
     assert!(!tools.contains(&"bash".to_owned()), "{tools:?}");
 }
+
+/// Issue 13: a member that needs plan approval needs it for each task it claims with its own
+/// `task_claim`, as for one the lead assigns: the claim closes an open gate.
+#[test]
+fn a_task_claimed_by_tool_closes_an_open_gate() {
+    use support::fake_llm::{anthropic_message, anthropic_tool_use_block};
+    let team = Team::new();
+    let task = troupe::tasks::TaskStore::new(&team.dir)
+        .create(troupe::tasks::NewTask {
+            subject: "the next job".into(),
+            created_by: "lead".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let claim = anthropic_tool_use_block(
+        "tu_claim",
+        "task_claim",
+        &json!({"task_id": task.id}).to_string(),
+    );
+    let fake = FakeLlm::start([
+        Reply::ok(anthropic_message(
+            &claim,
+            "tool_use",
+            r#"{"input_tokens":10,"output_tokens":5}"#,
+        )),
+        Reply::ok(anthropic_text("I will plan the next job first")),
+    ]);
+    spawn(&team, &fake.url(), &["--require-plan-approval"]);
+    // Her plan for the task she was spawned with is approved: the gate is open.
+    std::thread::sleep(Duration::from_millis(20));
+    let store = RequestStore::new(&team.dir);
+    let plan = store
+        .create(NewRequest {
+            kind: RequestKind::PlanApproval,
+            from: "alice".into(),
+            to: "lead".into(),
+            payload: json!({"plan": "the first task"}),
+            target_incarnation: None,
+            ttl: None,
+        })
+        .unwrap();
+    store
+        .resolve(&plan.request_id, "lead", true, json!({"feedback": "ok"}))
+        .unwrap();
+    let _w = team.worker("alice", &fake.url(), &[]);
+    let first = offered(&fake, 1);
+    assert!(first.contains(&"bash".to_owned()), "{first:?}");
+    let after_claim = offered(&fake, 2);
+    assert!(
+        !after_claim.contains(&"bash".to_owned()),
+        "the claim left the gate open: {after_claim:?}"
+    );
+}

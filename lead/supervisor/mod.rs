@@ -10,8 +10,8 @@
 //! This file holds the loop and the supervisor's view of the roster (it carries on with the last
 //! good copy while config.json does not parse); each job has a file of its own: [`spawn`]
 //! (starting workers), [`exit`] (reaping them and applying the restart [`policy`]),
-//! [`escalate`] (expired shutdown requests), [`team_stop`] (the graceful stop and `lead stop`)
-//! and [`background`] (a supervisor started for `--detach`, `chat`, `demo` and `bench`).
+//! [`escalate`] (expired shutdown requests), [`hooks`] (the user's commands on team events, on a
+//! thread of their own), [`team_stop`] (the graceful stop and `lead stop`) and [`background`] (a supervisor started for `--detach`, `chat`, `demo` and `bench`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsFd;
@@ -43,6 +43,7 @@ use troupe::{AgentName, TeamDir};
 mod background;
 mod escalate;
 mod exit;
+mod hooks;
 mod policy;
 mod spawn;
 mod team_stop;
@@ -271,6 +272,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     }
     let mut notifier = crate::notify::Notifier::from_env();
     sup.tick()?;
+    let hooks = hooks::Hooks::start(sup.team.clone(), sup.workdir.clone())?;
     // Ready: the lock is held and every member that should run has been started.
     std::fs::write(
         sup.team.lead_lock(),
@@ -310,6 +312,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         }
     }
     notifier.stopping();
+    // A hook running now is killed; what it was run for stays marked for the next start.
+    hooks.stop();
     sup.stop_team()?;
     events::log(
         &sup.team,

@@ -582,6 +582,15 @@ impl Teammate {
         msg.id =
             crate::ids::derived(&format!("idle:{}:{}", self.s.name, self.conv.calls)).to_string();
         Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)?;
+        // The team's teammate_idle hooks run on it: the supervisor finds the mark in the
+        // roster, so an idle that happens while no supervisor runs is hooked by the next one.
+        let hooked = Roster::new(&self.s.team)
+            .load()
+            .is_ok_and(|c| crate::hooks::any_for(&c.hooks, crate::hooks::HookEvent::TeammateIdle));
+        if hooked {
+            let calls = self.conv.calls;
+            self.write(move |m| m.idle_hook_pending = Some(calls));
+        }
         self.set_status(MemberStatus::Idle)
     }
 
@@ -755,6 +764,10 @@ impl Teammate {
             name,
             input,
         ) {
+            // A member that needs plan approval needs it for each task it takes.
+            if name == "task_claim" && !out.is_error && self.plan_gate {
+                self.close_gate_for_new_task();
+            }
             return out;
         }
         match name {
@@ -964,17 +977,24 @@ impl Teammate {
         msg.id = claim_id(&task.id, me);
         // A member that needs plan approval needs it for each task it takes.
         if self.plan_gate && !self.journal.has_seen(&msg.id) {
-            let now = fsutil::now();
-            self.task_at = Some(now);
-            self.gate_open = false;
-            self.write(move |m| {
-                m.task_at = Some(now);
-                m.plan_approved = false;
-            });
-            self.record.flush();
+            self.close_gate_for_new_task();
         }
         Inbox::new(&self.s.team, &self.s.name).append(&msg, Durability::Sync)?;
         Ok(true)
+    }
+}
+
+impl Teammate {
+    /// A new task begins: only a plan approved from now on opens the gate again.
+    fn close_gate_for_new_task(&mut self) {
+        let now = fsutil::now();
+        self.task_at = Some(now);
+        self.gate_open = false;
+        self.write(move |m| {
+            m.task_at = Some(now);
+            m.plan_approved = false;
+        });
+        self.record.flush();
     }
 }
 

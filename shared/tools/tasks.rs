@@ -11,11 +11,25 @@ use crate::teamdir::{LEAD, TeamDir};
 
 /// A task as the model sees it.
 fn show(t: &Task) -> Value {
-    json!({
+    let mut v = json!({
         "task_id": t.id, "subject": t.subject, "description": t.description,
         "status": t.status.as_str(), "owner": t.owner, "blocked_by": t.blocked_by,
         "result": t.result,
-    })
+    });
+    let note = if t.status == TaskStatus::Completing {
+        Some(
+            "held until the team's task_completed hooks pass it; if they send it back, you get \
+             a message saying why and the task is in_progress again",
+        )
+    } else if t.created_hook_pending {
+        Some("nobody can claim it until the team's task_created hooks pass it")
+    } else {
+        None
+    };
+    if let Some(note) = note {
+        v["note"] = json!(note);
+    }
+    v
 }
 
 fn out(v: Value) -> ToolOutput {

@@ -1,0 +1,490 @@
+//! The team's hooks (see [`troupe::hooks`]): a thread of the supervisor that runs the user's
+//! commands on what is waiting for them, and applies their verdicts.
+//!
+//! Nothing is queued in memory. What waits for a hook is marked in the files it is about, in
+//! the same write that made it happen: a task created while the team has `task_created` hooks
+//! carries `created_hook_pending`, a completion is held as `completing`, and a teammate that goes
+//! idle marks `idle_hook_pending` in its roster record. The thread looks for those marks when it
+//! starts and whenever the team dir or the board changes, so an event that happened while no
+//! supervisor ran is hooked by the next `lead run`. A verdict is applied only if the mark is
+//! still there, and the mark goes with it: a hook runs at least once per event, and again only
+//! if the supervisor dies between the hook's exit and the verdict.
+//!
+//! A hook runs with `sh -c` in its own process group, outside any sandbox, in the working dir of
+//! the member the event is about, with the event as JSON on stdin and the API key variables
+//! removed (its stderr may go to a model). A stop of the supervisor kills the running one; its
+//! event stays marked for the next start.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use troupe::config::{MemberStatus, Roster, TeamConfig};
+use troupe::events;
+use troupe::hooks::{Hook, HookEvent, Outcome, outcome};
+use troupe::inbox::{Durability, Inbox};
+use troupe::message::{Message, MessageType};
+use troupe::tasks::{Task, TaskStatus, TaskStore};
+use troupe::teamdir::LEAD;
+use troupe::{AgentName, TeamDir};
+
+/// The most of a hook's stdout and stderr kept (each); the rest is read and dropped.
+const OUTPUT_CAP: usize = 16 * 1024;
+
+/// The running hook thread.
+pub struct Hooks {
+    stop: Arc<AtomicBool>,
+    wake: std::os::unix::net::UnixStream,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Hooks {
+    /// Starts the thread for `team`, whose members work in `workdir` unless they have a dir of
+    /// their own.
+    pub fn start(team: TeamDir, workdir: PathBuf) -> anyhow::Result<Hooks> {
+        let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
+        wake_r.set_nonblocking(true)?;
+        std::fs::create_dir_all(team.tasks_dir())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let runner = Runner {
+            store: TaskStore::new(&team),
+            team,
+            workdir,
+            stop: stop.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("hooks".into())
+            .spawn(move || runner.run(&wake_r))?;
+        Ok(Hooks {
+            stop,
+            wake: wake_w,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stops the thread: a hook running now is killed, and its event stays for the next start.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.wake).write_all(b"x");
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Runner {
+    team: TeamDir,
+    store: TaskStore,
+    workdir: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+/// What one run of a hook came to.
+struct Ran {
+    outcome: Outcome,
+    stderr: String,
+}
+
+impl Runner {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn run(&self, wake: &std::os::unix::net::UnixStream) {
+        let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+        if let Some(n) = &notify {
+            let flags = AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CREATE;
+            let _ = n.add_watch(self.team.root(), flags);
+            let _ = n.add_watch(&self.team.tasks_dir(), flags);
+        }
+        while !self.stopped() {
+            if let Err(e) = self.pass() {
+                tracing::warn!("hooks: {e:#}");
+            }
+            let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+            if let Some(n) = &notify {
+                fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
+            }
+            let _ = poll(&mut fds, PollTimeout::from(1000u16));
+            drop(fds);
+            if let Some(n) = &notify {
+                while let Ok(evs) = n.read_events() {
+                    if evs.is_empty() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the hooks of everything marked as waiting for them, oldest first within each kind.
+    fn pass(&self) -> anyhow::Result<()> {
+        // An unreadable config.json (a person's edit in progress): the marks wait.
+        let Ok(cfg) = Roster::new(&self.team).load() else {
+            return Ok(());
+        };
+        for t in self.store.list(None)? {
+            if self.stopped() {
+                return Ok(());
+            }
+            if t.created_hook_pending {
+                self.task_created(&cfg, &t)?;
+            }
+        }
+        for t in self.store.list(Some(TaskStatus::Completing))? {
+            if self.stopped() {
+                return Ok(());
+            }
+            self.task_completed(&cfg, &t)?;
+        }
+        for m in &cfg.members {
+            if self.stopped() {
+                return Ok(());
+            }
+            if let Some(calls) = m.idle_hook_pending {
+                self.teammate_idle(&cfg, &m.name, calls)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn task_created(&self, cfg: &TeamConfig, t: &Task) -> anyhow::Result<()> {
+        let creator = member_of(cfg, &t.created_by);
+        let event = json!({"event": HookEvent::TaskCreated, "task": t});
+        let Some(ran) = self.run_all(cfg, HookEvent::TaskCreated, &event, creator, Some(&t.id))
+        else {
+            return Ok(());
+        };
+        let passed = ran.outcome != Outcome::Block;
+        let why = format!("refused by a task_created hook: {}", ran.stderr.trim());
+        let Some(task) = self.store.settle_created(&t.id, passed, &why)? else {
+            return Ok(());
+        };
+        if passed {
+            troupe::tasks::wake_claimers(&self.team, None);
+        } else if task.status == TaskStatus::Cancelled
+            && let Some(creator) = creator
+        {
+            self.tell(
+                creator,
+                &format!("hook:task_created:{}", t.id),
+                format!(
+                    "The task_created hook refused task {} ({}); it is cancelled. The hook said:\n{}",
+                    t.id,
+                    t.subject,
+                    ran.stderr.trim()
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn task_completed(&self, cfg: &TeamConfig, t: &Task) -> anyhow::Result<()> {
+        let owner = t.owner.as_deref().and_then(|o| member_of(cfg, o));
+        let event = json!({"event": HookEvent::TaskCompleted, "task": t});
+        let Some(ran) = self.run_all(cfg, HookEvent::TaskCompleted, &event, owner, Some(&t.id))
+        else {
+            return Ok(());
+        };
+        if ran.outcome != Outcome::Block {
+            if self.store.settle_completion(&t.id, true)?.is_some() {
+                troupe::tasks::wake_claimers(&self.team, None);
+            }
+            return Ok(());
+        }
+        // The owner hears why before its task is back, so no crash between the two leaves it
+        // in_progress with nobody told (a second delivery of the same id is dropped).
+        let ended = |name: &str| {
+            cfg.member(name)
+                .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown))
+        };
+        if let Some(owner) = owner.filter(|o| !ended(o)) {
+            self.tell(
+                owner,
+                &format!("hook:task_completed:{}:{}", t.id, t.updated_at),
+                format!(
+                    "The task_completed hook sent task {} ({}) back to you: it is in_progress and \
+                     yours again. Fix what it says, then call task_update with status completed \
+                     again. The hook said:\n{}",
+                    t.id,
+                    t.subject,
+                    ran.stderr.trim()
+                ),
+            );
+        }
+        self.store.settle_completion(&t.id, false)?;
+        // An owner that ended meanwhile cannot take it back: the board gets it.
+        if let Some(owner) = t.owner.as_deref().filter(|o| ended(o))
+            && !self.store.release_owned_by(owner)?.is_empty()
+        {
+            troupe::tasks::wake_claimers(&self.team, None);
+        }
+        Ok(())
+    }
+
+    fn teammate_idle(&self, cfg: &TeamConfig, name: &str, calls: u64) -> anyhow::Result<()> {
+        let Some(me) = cfg.member(name) else {
+            return Ok(());
+        };
+        let event = json!({
+            "event": HookEvent::TeammateIdle,
+            "member": {"name": me.name, "role": me.role, "status": me.status, "calls": calls},
+        });
+        let Some(ran) = self.run_all(cfg, HookEvent::TeammateIdle, &event, Some(name), None) else {
+            return Ok(());
+        };
+        if ran.outcome == Outcome::Block && !me.status.is_terminal() {
+            self.tell(
+                name,
+                &format!("hook:teammate_idle:{name}:{calls}"),
+                format!(
+                    "A teammate_idle hook says you are not done yet:\n{}",
+                    ran.stderr.trim()
+                ),
+            );
+        }
+        Roster::new(&self.team).update(|c| {
+            if let Some(m) = c.member_mut(name)
+                && m.idle_hook_pending == Some(calls)
+            {
+                m.idle_hook_pending = None;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Runs every hook of `event` in order until one blocks; `None` if stopped meanwhile (the
+    /// verdict is left for the next start).
+    fn run_all(
+        &self,
+        cfg: &TeamConfig,
+        event: HookEvent,
+        doc: &Value,
+        member: Option<&str>,
+        task: Option<&str>,
+    ) -> Option<Ran> {
+        let cwd = member
+            .and_then(|m| cfg.member(m))
+            .and_then(member_workdir)
+            .unwrap_or_else(|| self.workdir.clone());
+        let mut doc = doc.clone();
+        doc["team_dir"] = json!(std::path::absolute(self.team.root()).ok());
+        let input = doc.to_string();
+        for hook in cfg.hooks.iter().filter(|h| h.event == event) {
+            let ran = self.run_one(hook, &input, &cwd, member, task)?;
+            if ran.outcome == Outcome::Block {
+                return Some(ran);
+            }
+        }
+        Some(Ran {
+            outcome: Outcome::Proceed,
+            stderr: String::new(),
+        })
+    }
+
+    fn run_one(
+        &self,
+        hook: &Hook,
+        input: &str,
+        cwd: &Path,
+        member: Option<&str>,
+        task: Option<&str>,
+    ) -> Option<Ran> {
+        let started = Instant::now();
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&hook.command)
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .env("TROUPE_HOOK_EVENT", hook.event.as_str())
+            .env(
+                "TROUPE_TEAM_DIR",
+                std::path::absolute(self.team.root()).unwrap_or_default(),
+            )
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID");
+        if let Some(m) = member {
+            cmd.env("TROUPE_MEMBER", m);
+        }
+        if let Some(t) = task {
+            cmd.env("TROUPE_TASK_ID", t);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                self.log(hook, member, task, json!({"error": e.to_string()}), started);
+                return Some(Ran {
+                    outcome: Outcome::Ignored,
+                    stderr: String::new(),
+                });
+            }
+        };
+        let pgid = Pid::from_raw(child.id() as i32);
+        let feed = child.stdin.take().map(|mut w| {
+            let input = input.to_owned();
+            // A hook that does not read its stdin gets EPIPE here, not a stuck supervisor.
+            std::thread::spawn(move || {
+                let _ = w.write_all(input.as_bytes());
+            })
+        });
+        let out = child.stdout.take().map(capture);
+        let err = child.stderr.take().map(capture);
+        let deadline = started + hook.timeout();
+        let mut timed_out = false;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) => {}
+                Err(_) => break None,
+            }
+            if self.stopped() || Instant::now() >= deadline {
+                timed_out = !self.stopped();
+                let _ = killpg(pgid, Signal::SIGKILL);
+                let s = child.wait().ok();
+                if !timed_out {
+                    // Stopped: no verdict; the event stays marked for the next start.
+                    return None;
+                }
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // Whatever the hook left behind in its group goes with it.
+        let _ = killpg(pgid, Signal::SIGKILL);
+        drop(feed);
+        let text = |h: Option<std::sync::mpsc::Receiver<String>>| {
+            h.and_then(|r| r.recv_timeout(Duration::from_secs(1)).ok())
+                .unwrap_or_default()
+        };
+        let (stdout, stderr) = (text(out), text(err));
+        let code = if timed_out {
+            None
+        } else {
+            status.and_then(|s| s.code())
+        };
+        let result = outcome(code);
+        let tail: String = stderr.chars().take(2000).collect();
+        self.log(
+            hook,
+            member,
+            task,
+            json!({
+                "code": code,
+                "signal": status.and_then(|s| s.signal()),
+                "timed_out": timed_out,
+                "outcome": match result {
+                    Outcome::Proceed => "proceed",
+                    Outcome::Block => "block",
+                    Outcome::Ignored => "ignored",
+                },
+                "stderr": tail,
+                "stdout_bytes": stdout.len(),
+            }),
+            started,
+        );
+        if result == Outcome::Ignored {
+            tracing::warn!(
+                "hook {:?} on {} exited {}; ignored",
+                hook.command,
+                hook.event,
+                if timed_out {
+                    format!("after its {} s timeout", hook.timeout().as_secs())
+                } else {
+                    code.map_or("on a signal".to_owned(), |c| format!("with {c}"))
+                }
+            );
+        }
+        Some(Ran {
+            outcome: result,
+            stderr,
+        })
+    }
+
+    fn log(
+        &self,
+        hook: &Hook,
+        member: Option<&str>,
+        task: Option<&str>,
+        more: Value,
+        started: Instant,
+    ) {
+        let mut fields = json!({
+            "hook": hook.event, "command": hook.command, "member": member, "task": task,
+            "ms": started.elapsed().as_millis() as u64,
+        });
+        if let (Value::Object(f), Value::Object(m)) = (&mut fields, more) {
+            f.extend(m);
+        }
+        events::log(&self.team, "hook_ran", fields);
+    }
+
+    /// A message from the lead to teammate `to`, with an id derived from `key` (a repeat after
+    /// a crash is dropped by the recipient). Best effort: a failure is logged.
+    fn tell(&self, to: &str, key: &str, text: String) {
+        let Ok(name) = AgentName::teammate(to) else {
+            return;
+        };
+        let mut msg = Message::new(MessageType::Message, LEAD, to, text);
+        msg.id = troupe::ids::derived(key).to_string();
+        if let Err(e) = Inbox::new(&self.team, &name).append(&msg, Durability::Sync) {
+            tracing::warn!("hooks: could not tell {to}: {e}");
+            return;
+        }
+        let preview: String = msg.content.chars().take(200).collect();
+        events::log(
+            &self.team,
+            "message",
+            json!({"from": msg.from, "to": msg.to, "type": msg.kind, "id": msg.id, "text": preview}),
+        );
+    }
+}
+
+/// `name` if it is a member of the team (a task's creator may be the lead).
+fn member_of<'a>(cfg: &TeamConfig, name: &'a str) -> Option<&'a str> {
+    cfg.member(name).map(|_| name)
+}
+
+/// A member's own working dir, where it has one (its worktree); else the team's.
+fn member_workdir(_m: &troupe::config::Member) -> Option<PathBuf> {
+    None
+}
+
+/// Reads `r` to its end on a thread, keeping the first [`OUTPUT_CAP`] bytes (lossy UTF-8).
+fn capture(mut r: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = OUTPUT_CAP.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        let _ = tx.send(String::from_utf8_lossy(&kept).into_owned());
+    });
+    rx
+}
