@@ -102,22 +102,26 @@ impl Runner {
     }
 
     fn run(&self, wake: &std::os::unix::net::UnixStream) {
+        // Replaced files land by rename: config.json in the root, ID.json in tasks/. Nothing
+        // else there (events.jsonl, inboxes, locks) wakes the thread.
         let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+        let mut tasks_wd = None;
         if let Some(n) = &notify {
-            let flags = AddWatchFlags::IN_CLOSE_WRITE
-                | AddWatchFlags::IN_MOVED_TO
-                | AddWatchFlags::IN_CREATE;
+            let flags = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE;
             let _ = n.add_watch(self.team.root(), flags);
-            let _ = n.add_watch(&self.team.tasks_dir(), flags);
+            tasks_wd = n.add_watch(&self.team.tasks_dir(), flags).ok();
         }
+        let mut due = true;
         while !self.stopped() {
-            if let Err(e) = self.pass() {
+            if due && let Err(e) = self.pass() {
                 tracing::warn!("hooks: {e:#}");
             }
             let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
             if let Some(n) = &notify {
                 fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
             }
+            // Without inotify, a look every second.
+            due = notify.is_none();
             let _ = poll(&mut fds, PollTimeout::from(1000u16));
             drop(fds);
             if let Some(n) = &notify {
@@ -125,6 +129,14 @@ impl Runner {
                     if evs.is_empty() {
                         break;
                     }
+                    due |= evs.iter().any(|e| {
+                        let name = e.name.as_deref().and_then(|n| n.to_str()).unwrap_or("");
+                        if Some(e.wd) == tasks_wd {
+                            name.ends_with(".json")
+                        } else {
+                            name == "config.json"
+                        }
+                    });
                 }
             }
         }
