@@ -2,36 +2,15 @@
 
 mod support;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
+use support::cli::{code, lead, stderr, stdout};
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
 use support::team::{Team, wait_until};
 use troupe::config::MemberStatus;
-
-fn lead(team: &Team, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lead"))
-        .arg("--team-dir")
-        .arg(team.dir.root())
-        .args(args)
-        .env_remove("TROUPE_TEAM_DIR")
-        .output()
-        .unwrap()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).trim().to_owned()
-}
 
 #[test]
 fn bad_input_exit_codes_and_one_line_errors() {

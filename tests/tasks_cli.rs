@@ -2,32 +2,9 @@
 
 mod support;
 
-use std::process::{Command, Output};
-
 use serde_json::Value;
+use support::cli::{code, lead, stderr, stdout};
 use support::team::Team;
-
-fn lead(team: &Team, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lead"))
-        .arg("--team-dir")
-        .arg(team.dir.root())
-        .args(args)
-        .env_remove("TROUPE_TEAM_DIR")
-        .output()
-        .unwrap()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).trim().to_owned()
-}
 
 /// Runs a command that must succeed and returns its stdout.
 fn ok(team: &Team, args: &[&str]) -> String {

@@ -6,5 +6,6 @@
 )]
 
 pub mod child;
+pub mod cli;
 pub mod fake_llm;
 pub mod team;
