@@ -114,14 +114,19 @@ fn a_long_activation_is_compacted_and_never_exceeds_the_context() {
     drop(w);
 }
 
+/// Anthropic's answer to a request over the model's context window.
+fn too_long() -> Reply {
+    Reply::json(
+        400,
+        r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 212000 tokens > 200000 maximum"}}"#,
+    )
+}
+
 #[test]
 fn a_prompt_too_long_answer_compacts_once_and_retries() {
     let team = Team::new();
     team.add_member("jo", 1, false);
-    let too_long = Reply::json(
-        400,
-        r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 212000 tokens > 200000 maximum"}}"#,
-    );
+    let too_long = too_long();
     let fake = FakeLlm::start([
         big_output_step(0),
         big_output_step(1),
@@ -143,10 +148,7 @@ fn a_prompt_too_long_answer_compacts_once_and_retries() {
 fn too_long_even_after_compaction_ends_the_activation_without_a_restart() {
     let team = Team::new();
     team.add_member("kim", 1, false);
-    let too_long = Reply::json(
-        400,
-        r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 212000 tokens > 200000 maximum"}}"#,
-    );
+    let too_long = too_long();
     let fake = FakeLlm::start([
         big_output_step(0),
         big_output_step(1),
