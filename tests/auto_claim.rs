@@ -7,42 +7,21 @@
 mod support;
 
 use std::collections::HashMap;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fake_llm::{
-    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block, last_user_text,
 };
-use support::team::{Team, lead_cmd, wait_until};
+use support::team::{Stopping, Team, lead_cmd, wait_until};
 use troupe::tasks::{NewTask, TaskStatus, TaskStore};
 
 const T: Duration = Duration::from_secs(60);
 const USAGE: &str = r#"{"input_tokens":10,"output_tokens":5}"#;
 const MODELS: [&str; 2] = ["m-amy", "m-bob"];
-
-struct Lead(Child);
-
-impl Drop for Lead {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.0.wait();
-    }
-}
-
-/// The text of the last user turn of a request body.
-fn last_user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .map(|m| m["content"].to_string())
-        .unwrap_or_default()
-}
 
 /// Answers each model's requests as a diligent teammate would: a claimed task is completed at
 /// once; anything else gets a short text. Runs until `stop`.
@@ -137,7 +116,7 @@ fn run_board(kill_a_claimer: bool) {
     let ids = board(&store);
     let stop = Arc::new(AtomicBool::new(false));
     let answering = responder(fake.clone(), stop.clone());
-    let _lead = Lead(
+    let _lead = Stopping(
         lead_cmd(
             &team,
             &url,

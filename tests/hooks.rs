@@ -6,16 +6,16 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fake_llm::{
-    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block, last_user_text,
 };
-use support::team::{Team, lead_cmd, wait_until};
+use support::team::{Stopping, Team, lead_cmd, wait_until};
 use troupe::config::Roster;
 use troupe::hooks::{Hook, HookEvent};
 use troupe::tasks::{NewTask, TaskStatus, TaskStore};
@@ -24,20 +24,8 @@ const T: Duration = Duration::from_secs(60);
 const USAGE: &str = r#"{"input_tokens":10,"output_tokens":5}"#;
 const MODEL: &str = "m-amy";
 
-struct Lead(Child);
-
-impl Drop for Lead {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.0.wait();
-    }
-}
-
-fn run_lead(team: &Team, url: &str) -> Lead {
-    Lead(
+fn run_lead(team: &Team, url: &str) -> Stopping {
+    Stopping(
         lead_cmd(
             team,
             url,
@@ -83,15 +71,6 @@ fn events(team: &Team) -> Vec<Value> {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
-}
-
-/// The text of the last user turn of a request body.
-fn last_user_text(body: &Value) -> String {
-    body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .map(|m| m["content"].to_string())
-        .unwrap_or_default()
 }
 
 /// Answers the teammate as a diligent one would: a task it claimed, or one a hook sent back,

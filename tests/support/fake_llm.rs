@@ -421,3 +421,12 @@ pub fn openai_text(text: &str) -> String {
         r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}"#,
     )
 }
+
+/// The text of the last user turn of a request body.
+pub fn last_user_text(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .map(|m| m["content"].to_string())
+        .unwrap_or_default()
+}

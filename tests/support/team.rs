@@ -217,6 +217,19 @@ pub fn lead_cmd(team: &Team, url: &str, args: &[&str]) -> Command {
     c
 }
 
+/// A supervisor (`lead run`) stopped as a person would, with SIGTERM, and reaped on drop.
+pub struct Stopping(pub Child);
+
+impl Drop for Stopping {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
 /// A background process (a supervisor) killed and reaped on drop.
 pub struct Bg(pub Child);
 
