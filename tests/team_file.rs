@@ -496,3 +496,120 @@ model = "m-bob"
     };
     assert_eq!(names(&after), names(&before));
 }
+
+#[test]
+fn a_keyed_task_is_created_once_by_racing_appliers() {
+    let team = Team::new();
+    let store = TaskStore::new(&team.dir);
+    let created: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    let (_, created) = store
+                        .create_keyed(
+                            "build",
+                            troupe::tasks::NewTask {
+                                subject: "build it".into(),
+                                created_by: "lead".into(),
+                                ..Default::default()
+                            },
+                        )
+                        .unwrap();
+                    usize::from(created)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(created, 1);
+    let all = store.list(None).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].key.as_deref(), Some("build"));
+    // An unkeyed task does not carry the field at all (older readers see what they saw).
+    let plain = store
+        .create(troupe::tasks::NewTask {
+            subject: "plain".into(),
+            created_by: "lead".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let raw = std::fs::read_to_string(team.dir.task(&plain.id).unwrap()).unwrap();
+    assert!(!raw.contains("\"key\""), "{raw}");
+}
+
+#[test]
+fn settings_updates_write_only_changes_and_prune_only_members_without_a_process() {
+    use troupe::ops::{self, MemberSettings, SpawnSpec};
+    let team = Team::new();
+    let spec = SpawnSpec {
+        name: "amy".into(),
+        role: "coder".into(),
+        prompt: "Old.".into(),
+        model: None,
+        require_plan_approval: false,
+        auto_claim: false,
+        budget_usd: None,
+        budget_tokens: None,
+    };
+    ops::spawn(&team.dir, &spec).unwrap();
+    let mut s = MemberSettings {
+        role: "coder".into(),
+        prompt: "Old.".into(),
+        model: None,
+        require_plan_approval: false,
+        auto_claim: false,
+        budget_usd: None,
+        budget_tokens: None,
+    };
+    let before = snapshot(&team.dir);
+    assert!(
+        ops::update_settings(&team.dir, "amy", &s)
+            .unwrap()
+            .is_empty()
+    );
+    assert_same(
+        &before,
+        &snapshot(&team.dir),
+        "an update that changes nothing",
+    );
+    s.prompt = "New.".into();
+    s.model = Some("m".into());
+    assert_eq!(
+        ops::update_settings(&team.dir, "amy", &s).unwrap(),
+        ["prompt", "model"]
+    );
+    assert_eq!(team.member("amy").prompt.as_deref(), Some("New."));
+    assert_eq!(inbox_len(&team.dir, "amy"), 1, "an update sends no message");
+    assert_eq!(team.status("amy"), MemberStatus::Spawning);
+
+    // Idle (it has a process): refused. Stopped, with a task in progress: removed, task freed.
+    Roster::new(&team.dir)
+        .update_member("amy", |m| m.status = MemberStatus::Idle)
+        .unwrap();
+    let e = ops::remove_member(&team.dir, "amy").unwrap_err();
+    assert_eq!(e.exit_code(), 4, "{e}");
+    let store = TaskStore::new(&team.dir);
+    let t = store
+        .create(troupe::tasks::NewTask {
+            subject: "x".into(),
+            created_by: "lead".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    store.claim(Some(&t.id), "amy", 1).unwrap();
+    Roster::new(&team.dir)
+        .update_member("amy", |m| m.status = MemberStatus::Stopped)
+        .unwrap();
+    ops::remove_member(&team.dir, "amy").unwrap();
+    assert!(
+        Roster::new(&team.dir)
+            .load()
+            .unwrap()
+            .member("amy")
+            .is_none()
+    );
+    assert_eq!(
+        store.get(&t.id).unwrap().status,
+        troupe::tasks::TaskStatus::Pending
+    );
+}
