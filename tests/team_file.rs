@@ -539,22 +539,12 @@ fn a_keyed_task_is_created_once_by_racing_appliers() {
 
 #[test]
 fn settings_updates_write_only_changes_and_prune_only_members_without_a_process() {
-    use troupe::ops::{self, MemberSettings, SpawnSpec};
+    use troupe::ops::{self, MemberSettings};
     let team = Team::new();
-    let spec = SpawnSpec {
-        name: "amy".into(),
-        role: "coder".into(),
-        prompt: "Old.".into(),
-        model: None,
-        require_plan_approval: false,
-        auto_claim: false,
-        budget_usd: None,
-        budget_tokens: None,
-    };
-    ops::spawn(&team.dir, &spec).unwrap();
+    team.add_member("amy", 0, false);
     let mut s = MemberSettings {
         role: "coder".into(),
-        prompt: "Old.".into(),
+        prompt: "Do what the lead asks.".into(),
         model: None,
         require_plan_approval: false,
         auto_claim: false,
@@ -579,7 +569,7 @@ fn settings_updates_write_only_changes_and_prune_only_members_without_a_process(
         ["prompt", "model"]
     );
     assert_eq!(team.member("amy").prompt.as_deref(), Some("New."));
-    assert_eq!(inbox_len(&team.dir, "amy"), 1, "an update sends no message");
+    assert_eq!(inbox_len(&team.dir, "amy"), 0, "an update sends no message");
     assert_eq!(team.status("amy"), MemberStatus::Spawning);
 
     // Idle (it has a process): refused. Stopped, with a task in progress: removed, task freed.
