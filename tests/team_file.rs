@@ -450,23 +450,30 @@ model = "m-bob"
     assert!(last_system(&fake, "m-alice").contains("Old prompt."));
     let alice = team.member("alice");
 
-    // A new prompt: no restart, no message; it applies from the next activation.
+    // A new prompt and model: no restart, no message; they apply from the next activation.
     let file = write_file(
         &team,
         "team.toml",
-        &both.replace("Old prompt.", "New prompt."),
+        &both
+            .replace("Old prompt.", "New prompt.")
+            .replace("m-alice", "m-alice-2"),
     );
+    let inbox_before = inbox_len(&team.dir, "alice");
     let text = ok(&up(&team, &file, &[]));
-    assert!(text.contains("member alice updated (prompt)"), "{text}");
-    let calls = fake.requests_for("m-alice");
+    assert!(
+        text.contains("member alice updated (prompt, model)"),
+        "{text}"
+    );
+    assert_eq!(fake.requests_for("m-alice-2"), 0);
+    assert_eq!(inbox_len(&team.dir, "alice"), inbox_before);
     let o = lead_cmd(&team, &url, &["send", "alice", "hello"])
         .output()
         .unwrap();
     assert!(o.status.success());
     wait_until(T, "alice's next activation", || {
-        (fake.requests_for("m-alice") > calls).then_some(())
+        (fake.requests_for("m-alice-2") > 0).then_some(())
     });
-    let system = last_system(&fake, "m-alice");
+    let system = last_system(&fake, "m-alice-2");
     assert!(system.contains("New prompt."), "{system}");
     assert!(!system.contains("Old prompt."), "{system}");
     wait_until(T, "alice idle again", || {
