@@ -17,6 +17,7 @@ mod demo;
 mod notify;
 mod supervisor;
 mod tasks;
+mod up;
 #[path = "../worker/main.rs"]
 mod worker;
 mod worker_exe;
@@ -64,6 +65,9 @@ enum Cmd {
     Reject(commands::DecideArgs),
     /// The task board: add, list, show, cancel and reopen tasks.
     Task(tasks::TaskArgs),
+    /// Bring a team up from a team file (TOML or JSON): members, tasks, hooks; twice changes
+    /// nothing.
+    Up(up::UpArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
     /// Talk to the LLM lead: a REPL, or one prompt with -p (starts a supervisor if none runs).
@@ -167,6 +171,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
         Cmd::Task(a) => tasks::run(team_dir, a),
+        Cmd::Up(a) => up::run(team_dir, a),
         Cmd::Chat(a) => chat::run(team_dir, a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args),

@@ -275,3 +275,124 @@ fn send_plan_response(team: &TeamDir, req: &Request, approve: bool, feedback: &s
     msg.feedback = Some(feedback.to_owned());
     Inbox::new(team, &AgentName::teammate(&req.from)?).append(&msg, Durability::Sync)
 }
+
+/// The settings of a member that a team file declares (`lead up`), beside its name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberSettings {
+    pub role: String,
+    pub prompt: String,
+    pub model: Option<String>,
+    pub require_plan_approval: bool,
+    pub auto_claim: bool,
+    pub budget_usd: Option<f64>,
+    pub budget_tokens: Option<u64>,
+}
+
+impl MemberSettings {
+    /// The names of the settings in which member `m` differs from these, in a fixed order.
+    pub fn changes(&self, m: &Member) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if m.role != self.role {
+            out.push("role");
+        }
+        if m.prompt.as_deref() != Some(self.prompt.as_str()) {
+            out.push("prompt");
+        }
+        if m.model != self.model {
+            out.push("model");
+        }
+        if m.require_plan_approval != self.require_plan_approval {
+            out.push("require_plan_approval");
+        }
+        if m.auto_claim != self.auto_claim {
+            out.push("auto_claim");
+        }
+        if m.budget_usd != self.budget_usd {
+            out.push("budget_usd");
+        }
+        if m.budget_tokens != self.budget_tokens {
+            out.push("budget_tokens");
+        }
+        out
+    }
+}
+
+/// Sets member `name`'s settings in the roster, without a task message and without a restart:
+/// its worker takes role, prompt, model, plan approval and auto-claim from the roster again
+/// between activations, so they apply from its next one (see `shared/agent/teammate.rs`), and
+/// a budget is checked before its next model call. Returns the names of the settings that
+/// changed; none changed, nothing is written and nothing logged.
+pub fn update_settings(
+    team: &TeamDir,
+    name: &str,
+    s: &MemberSettings,
+) -> Result<Vec<&'static str>> {
+    let name = AgentName::teammate(name)?;
+    let changed = Roster::new(team).update_member(name.as_str(), |m| {
+        let changed = s.changes(m);
+        if !changed.is_empty() {
+            m.role = s.role.clone();
+            m.prompt = Some(s.prompt.clone());
+            m.model = s.model.clone();
+            m.require_plan_approval = s.require_plan_approval;
+            m.auto_claim = s.auto_claim;
+            m.budget_usd = s.budget_usd;
+            m.budget_tokens = s.budget_tokens;
+        }
+        changed
+    })?;
+    if !changed.is_empty() {
+        events::log(
+            team,
+            "member_updated",
+            json!({"name": name, "changed": changed}),
+        );
+        if changed.contains(&"auto_claim") && s.auto_claim {
+            crate::tasks::wake_claimers(team, None);
+        }
+    }
+    Ok(changed)
+}
+
+/// Whether member `m` can be taken off the roster now: it has no process and none is coming.
+/// `shutdown`, `failed` and `stopped` ones can; a `spawning` one only while no supervisor runs
+/// (`supervisor_running`: someone holds `lead.lock`), else it may be starting right now.
+pub fn removable(m: &Member, supervisor_running: bool) -> bool {
+    match m.status {
+        MemberStatus::Shutdown | MemberStatus::Failed | MemberStatus::Stopped => true,
+        MemberStatus::Spawning => m.pid.is_none() && !supervisor_running,
+        MemberStatus::Working | MemberStatus::Idle => false,
+    }
+}
+
+/// Takes member `name` off the roster (`lead up --prune`). Only a member with no process and
+/// none coming ([`removable`], checked under the roster lock); any other is refused with
+/// [`Error::MemberConflict`]: shut it down first. Its in-progress tasks go back to `pending`;
+/// its inbox, transcript and log stay on disk.
+pub fn remove_member(team: &TeamDir, name: &str) -> Result<Member> {
+    let name = AgentName::teammate(name)?;
+    let running = crate::fsutil::HeldLock::is_held(&team.lead_lock())?;
+    let removed = Roster::new(team).update(|cfg| {
+        let m = cfg.require(name.as_str())?;
+        if !removable(m, running) {
+            return Err(Error::MemberConflict {
+                name: name.to_string(),
+                status: m.status.to_string(),
+                why: "it has (or is about to get) a process; shut it down first",
+            });
+        }
+        let m = m.clone();
+        cfg.members.retain(|x| x.name != name.as_str());
+        Ok(m)
+    })?;
+    let released = crate::tasks::TaskStore::new(team).release_owned_by(name.as_str())?;
+    events::log(
+        team,
+        "member_removed",
+        json!({"name": name, "status": removed.status, "released_tasks": released.iter().map(|t| &t.id).collect::<Vec<_>>()}),
+    );
+    if !released.is_empty() {
+        crate::tasks::wake_claimers(team, None);
+    }
+    Ok(removed)
+}

@@ -111,6 +111,10 @@ pub struct Task {
     /// pass it (one that exits 2 cancels it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub created_hook_pending: bool,
+    /// The task's own name in the team file it came from (`lead up`): a task with a key is
+    /// created once, however often the file is applied. Unique on the board.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// Fields written by other versions, kept as they were.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -149,6 +153,60 @@ impl TaskStore {
     /// Creates a pending task with a fresh, unique 8-hex id. Every blocker must exist and not be
     /// cancelled, and the blockers' own chains must hold no cycle.
     pub fn create(&self, new: NewTask) -> Result<Task> {
+        self.create_as(new, None)
+    }
+
+    /// Creates the task named `key` (a team file's name for it) unless a task with that key is
+    /// on the board already, which is returned as it is: `(task, created)`. The look-up and the
+    /// creation happen under the board's key lock (`tasks/keys.lock`), so of two processes
+    /// applying the same file at once exactly one creates it.
+    pub fn create_keyed(&self, key: &str, new: NewTask) -> Result<(Task, bool)> {
+        fsutil::create_dir(&self.team.tasks_dir())?;
+        let lock_path = self.team.task_keys_lock();
+        let lock = fsutil::open_lock(&lock_path)?;
+        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
+        if let Some(t) = self.by_key(key)? {
+            return Ok((t, false));
+        }
+        Ok((self.create_as(new, Some(key.to_owned()))?, true))
+    }
+
+    /// The task whose key is `key`, if there is one.
+    pub fn by_key(&self, key: &str) -> Result<Option<Task>> {
+        Ok(self
+            .list(None)?
+            .into_iter()
+            .find(|t| t.key.as_deref() == Some(key)))
+    }
+
+    /// Changes the subject and description of a task that is still pending (a team file's
+    /// edit). Returns whether it changed: a task someone has started, or closed, keeps what it
+    /// said when it was taken.
+    pub fn edit_pending(&self, id: &str, subject: &str, description: &str) -> Result<bool> {
+        let subject = subject.trim();
+        if subject.is_empty() {
+            return Err(Error::InvalidTask("the subject is empty".to_owned()));
+        }
+        let mut changed = false;
+        let task = self.locked(id, |cur| {
+            let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
+            if t.status == TaskStatus::Pending
+                && (t.subject != subject || t.description != description)
+            {
+                t.subject = subject.to_owned();
+                t.description = description.to_owned();
+                t.updated_at = fsutil::now();
+                changed = true;
+            }
+            Ok(Some(t))
+        })?;
+        if changed {
+            self.log("task_updated", &task, json!({"edited": true}));
+        }
+        Ok(changed)
+    }
+
+    fn create_as(&self, new: NewTask, key: Option<String>) -> Result<Task> {
         let subject = new.subject.trim();
         if subject.is_empty() {
             return Err(Error::InvalidTask("the subject is empty".to_owned()));
@@ -206,6 +264,7 @@ impl TaskStore {
             updated_at: now,
             completed_at: None,
             created_hook_pending,
+            key,
             extra: Map::new(),
         };
         let task = self.locked(&id, |_| Ok(Some(task.clone())))?;

@@ -260,6 +260,15 @@ impl TeamDir {
         check_task_id(id)?;
         Ok(self.tasks_dir().join(format!("{id}.lock")))
     }
+    /// `tasks/keys.lock`, held while a task with a key (from a team file) is looked up and
+    /// created, so a key is on the board once.
+    pub fn task_keys_lock(&self) -> PathBuf {
+        self.tasks_dir().join("keys.lock")
+    }
+    /// `up.lock`, held by `lead up` while it applies a team file (two at once take turns).
+    pub fn up_lock(&self) -> PathBuf {
+        self.root.join("up.lock")
+    }
     /// `transcripts/`.
     pub fn transcripts_dir(&self) -> PathBuf {
         self.root.join("transcripts")

@@ -239,6 +239,8 @@ impl Teammate {
                 self.set_status(MemberStatus::Working)?;
             }
             self.drain()?;
+            // Between activations: settings `lead up` changed apply from the next one.
+            self.refresh_settings();
             // A budget stop is made by code, before any further model call.
             if let Some(why) = self.over_budget() {
                 return self.budget_stop(&why).map(|()| Outcome::Shutdown);
@@ -268,6 +270,27 @@ impl Teammate {
                 Wake::Message | Wake::Timeout => {}
             }
         }
+    }
+
+    /// Takes role, prompt, model, plan approval and auto-claim from the roster again: `lead up`
+    /// changes them there without a message or a restart. Called between activations only, so
+    /// an activation runs with one system prompt and one model from start to end. An unreadable
+    /// roster (a person's edit in progress) keeps them as they were.
+    fn refresh_settings(&mut self) {
+        let Ok(cfg) = Roster::new(&self.s.team).load() else {
+            return;
+        };
+        let Some(me) = cfg.member(self.s.name.as_str()) else {
+            return;
+        };
+        if me.incarnation != self.incarnation {
+            return;
+        }
+        self.role.clone_from(&me.role);
+        self.prompt = me.prompt.clone().unwrap_or_default();
+        self.model = me.model.clone().unwrap_or_default();
+        self.plan_gate = me.require_plan_approval;
+        self.auto_claim = me.auto_claim;
     }
 
     /// Drains the inbox into the journal; handles stale shutdown requests at once.
