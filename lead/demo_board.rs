@@ -367,8 +367,7 @@ impl Timeline {
             "task_updated" => {
                 let what = match s("status").as_str() {
                     "completing" => {
-                        "marks {} completed: held as completing until the \
-                                     task_completed hook passes it"
+                        "marks {} completed (held as completing until the hook passes it)"
                     }
                     "completed" => "completes {}",
                     "pending" => "gives {} back",
