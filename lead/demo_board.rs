@@ -118,6 +118,9 @@ const TASKS: [(&str, &str, &str, &[usize]); 3] = [
     ),
 ];
 
+/// The exit code of a demo stopped by SIGINT or SIGTERM, as `lead chat -p`'s.
+const EXIT_INTERRUPTED: u8 = 130;
+
 /// How long the team has to work the board, and then to shut down.
 const WORK_DEADLINE: Duration = Duration::from_secs(90);
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
@@ -173,7 +176,11 @@ pub fn run(mut a: DemoArgs) -> anyhow::Result<u8> {
     println!("\nfiles in {}", dir.display());
     if let Err(e) = result {
         eprintln!("lead: the board demo did not finish: {e:#}");
-        return Ok(1);
+        return Ok(if signals.term.load(Ordering::SeqCst) {
+            EXIT_INTERRUPTED
+        } else {
+            1
+        });
     }
     let cfg = Roster::new(&team).load()?;
     if let Some(what) = demo::unfinished(&cfg.members) {
