@@ -19,7 +19,10 @@
 //! - *Who claims what.* Every task is assigned (`owner`) when it is created, so only its owner
 //!   may claim it; the claims are still made by the teammates' auto-claim, when they go idle or
 //!   are woken by a board change. A wake-up is handled by the worker and never reaches the model,
-//!   so however many arrive, and whenever, they cost no model call.
+//!   and every activation of the story ends with the model's own end of turn, so the resume a
+//!   wake-up causes finds nothing to answer: however many arrive, and whenever, they cost no
+//!   model call. (This is also why the story does not cap the calls per activation to end one
+//!   right after a `task_update`: a wake-up would resume the cut-off activation with a call.)
 //! - *The ids.* Task ids and request ids are random; the cassette names them as `{{task_id}}`
 //!   and `{{request_id}}`.
 //! - *The hook's verdict.* The supervisor runs the hook on its own thread as soon as ana's
@@ -30,10 +33,11 @@
 //!   result or in a turn after it. What the story needs is that the verdict lands before her
 //!   second `task_update` (until then the task is still completing and the update is refused),
 //!   which the turn order puts five model calls after the first: two of ben's and three of hers.
-//!   That is a margin, not a guarantee: the hook (a `grep`) answers in some 20 ms, five paced
-//!   calls take half a second, so the replay's pace is kept at [`MIN_PACE_MS`] or more for this
-//!   story. (The worker has no way to wait for a verdict, and the supervisor tells the owner
-//!   before it puts the task back to `in_progress`, so no order of calls closes the gap.)
+//!   That is a margin, not a guarantee: the verdict (a `grep`, polled every 10 ms) came 10 to
+//!   120 ms after the completion in runs under heavy load, five paced calls take half a second at
+//!   the default pace, and the pace is kept at [`MIN_PACE_MS`] or more for this story. (The
+//!   worker has no way to wait for a verdict, and the supervisor tells the owner before it puts
+//!   the task back to `in_progress`, so no order of calls closes the gap.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
