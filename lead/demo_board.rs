@@ -439,3 +439,66 @@ impl Timeline {
         Some((who, text))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    /// Runs the hook in `dir` on a `task_completed` event whose task has `result`, as the
+    /// supervisor does (the event as one JSON document on stdin); returns (exit code, stderr).
+    fn run_hook(dir: &std::path::Path, result: Option<&str>) -> (Option<i32>, String) {
+        let event = serde_json::json!({
+            "event": "task_completed",
+            "task": {"id": "0a1b2c3d", "subject": "write the parser", "status": "completing",
+                     "description": "settings.py: parse(text)", "result": result},
+            "team_dir": "/x/.team",
+        });
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(hook_command())
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(event.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    #[test]
+    fn the_hook_blocks_a_todo_in_the_files_the_result_names_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("settings.py"),
+            "x = 1\n    # TODO: comments\n",
+        )
+        .unwrap();
+        std::fs::write(tmp.path().join("README.md"), "# settings\n").unwrap();
+        let (code, stderr) = run_hook(tmp.path(), Some("settings.py: parse(text) reads lines."));
+        assert_eq!(code, Some(2), "{stderr}");
+        assert_eq!(
+            stderr,
+            format!("settings.py:2:    # TODO: comments\n{RULE}\n")
+        );
+        // A file the result does not name, no file named, no result: it passes.
+        for result in [Some("README.md: the docs"), Some("nothing to name"), None] {
+            let (code, stderr) = run_hook(tmp.path(), result);
+            assert_eq!(code, Some(0), "{result:?}: {stderr}");
+        }
+        // Fixed, it passes too.
+        std::fs::write(tmp.path().join("settings.py"), "x = 1\n").unwrap();
+        let (code, stderr) = run_hook(tmp.path(), Some("README.md: what settings.py is for"));
+        assert_eq!((code, stderr.as_str()), (Some(0), ""));
+    }
+}
