@@ -11,6 +11,9 @@
 //! The cassette is replayed in its recorded global order (`TROUPE_REPLAY_PROGRESS`): each
 //! process waits for the calls that came before its next one, so the three processes meet the
 //! same inbox contents every run whatever the scheduler does.
+//!
+//! `--story board` runs the second story instead, a task board worked by two teammates and
+//! checked by a hook (see [`crate::demo_board`]); it shares the set-up and the timeline here.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,79 +43,130 @@ to you, shut the team down.";
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
+    /// Which story: `fizzbuzz`, an LLM lead building a file with a coder and a tester (plan
+    /// approval, messages, shutdowns); or `board`, two auto-claiming teammates working a task
+    /// board with a blocked task and a task_completed hook that sends one completion back.
+    #[arg(long, value_enum, default_value_t = Story::Fizzbuzz)]
+    pub story: Story,
     /// Run the scenario against the configured provider (ANTHROPIC_API_KEY, OPENAI_API_KEY or
     /// OPENAI_BASE_URL, MODEL_ID) instead of the shipped cassette.
     #[arg(long)]
-    live: bool,
+    pub live: bool,
     /// Directory to run in (default: a new directory under the system temp dir). Kept
     /// afterwards for inspection.
     #[arg(long)]
-    dir: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
     /// Milliseconds each replayed model call "thinks", so the timeline unfolds at a readable
     /// pace (0 for as fast as possible).
     #[arg(long, default_value_t = 100)]
-    pace_ms: u64,
+    pub pace_ms: u64,
     #[command(flatten)]
-    sandbox: troupe::sandbox::Settings,
+    pub sandbox: troupe::sandbox::Settings,
+}
+
+/// The demo's stories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Story {
+    /// The LLM lead, a coder with plan approval and a tester build fizzbuzz.py.
+    Fizzbuzz,
+    /// A task board: two auto-claimers, a blocked task, a hook that sends a completion back.
+    Board,
+}
+
+/// A fresh demo directory with its team dir and working dir, and the environment that points
+/// the processes started from here at the story's cassette.
+pub struct Setup {
+    pub dir: PathBuf,
+    pub team: TeamDir,
+    pub workdir: PathBuf,
+    pub env: EnvOverlay,
+}
+
+impl Setup {
+    /// Creates the directories (refusing one that already holds a team) and, unless `--live`,
+    /// writes `cassette` there as `file` and sets the replay up in the environment overlay.
+    pub fn new(a: &DemoArgs, file: &str, cassette: &str) -> anyhow::Result<Setup> {
+        let dir = match &a.dir {
+            Some(d) => d.clone(),
+            None => std::env::temp_dir().join(format!(
+                "troupe-demo-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            )),
+        };
+        fsutil::create_dir(&dir)?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("failed to resolve {}", dir.display()))?;
+        let team = TeamDir::create(dir.join(".team"))?;
+        let workdir = dir.join("work");
+        fsutil::create_dir(&workdir)?;
+        if !Roster::new(&team).load()?.members.is_empty() {
+            anyhow::bail!(
+                "{} already holds a team; give the demo a new directory",
+                dir.display()
+            );
+        }
+        let mut env = EnvOverlay::default();
+        if !a.live {
+            let path = dir.join(file);
+            std::fs::write(&path, cassette)
+                .with_context(|| format!("failed to write {}", path.display()))?;
+            let progress = dir.join("replay.progress");
+            // A rerun in the same --dir starts the replay from the beginning.
+            let _ = std::fs::remove_file(&progress);
+            env.0 = vec![
+                ("TROUPE_PROVIDER".into(), "replay".into()),
+                ("TROUPE_CASSETTE".into(), path.display().to_string()),
+                (
+                    "TROUPE_REPLAY_PROGRESS".into(),
+                    progress.display().to_string(),
+                ),
+                ("TROUPE_RECORD".into(), String::new()),
+                ("TROUPE_REPLAY_PACE_MS".into(), a.pace_ms.to_string()),
+            ];
+        }
+        Ok(Setup {
+            dir,
+            team,
+            workdir,
+            env,
+        })
+    }
+
+    /// The first line of the demo's output.
+    pub fn announce(&self, live: bool) {
+        println!(
+            "troupe demo ({}): team dir {}, working dir {}",
+            if live {
+                "live provider"
+            } else {
+                "replaying the shipped cassette, no network"
+            },
+            self.team.root().display(),
+            self.workdir.display()
+        );
+    }
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
-    let dir = match a.dir {
-        Some(d) => d,
-        None => std::env::temp_dir().join(format!(
-            "troupe-demo-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        )),
-    };
-    fsutil::create_dir(&dir)?;
-    let dir = dir
-        .canonicalize()
-        .with_context(|| format!("failed to resolve {}", dir.display()))?;
-    let team = TeamDir::create(dir.join(".team"))?;
-    let workdir = dir.join("work");
-    fsutil::create_dir(&workdir)?;
-    if !Roster::new(&team).load()?.members.is_empty() {
-        anyhow::bail!(
-            "{} already holds a team; give the demo a new directory",
-            dir.display()
-        );
+    if a.story == Story::Board {
+        return crate::demo_board::run(a);
     }
-    let mut env = EnvOverlay::default();
-    if !a.live {
-        let cassette = dir.join("demo.cassette.jsonl");
-        std::fs::write(&cassette, CASSETTE)
-            .with_context(|| format!("failed to write {}", cassette.display()))?;
-        let progress = dir.join("replay.progress");
-        // A rerun in the same --dir starts the replay from the beginning.
-        let _ = std::fs::remove_file(&progress);
-        env.0 = vec![
-            ("TROUPE_PROVIDER".into(), "replay".into()),
-            ("TROUPE_CASSETTE".into(), cassette.display().to_string()),
-            (
-                "TROUPE_REPLAY_PROGRESS".into(),
-                progress.display().to_string(),
-            ),
-            ("TROUPE_RECORD".into(), String::new()),
-            ("TROUPE_REPLAY_PACE_MS".into(), a.pace_ms.to_string()),
-        ];
-    }
-    let provider = match env.provider() {
+    let setup = Setup::new(&a, "demo.cassette.jsonl", CASSETTE)?;
+    let provider = match setup.env.provider() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("lead: {e}");
             return Ok(e.exit_code());
         }
     };
-    println!(
-        "troupe demo ({}): team dir {}, working dir {}",
-        if a.live {
-            "live provider"
-        } else {
-            "replaying the shipped cassette, no network"
-        },
-        team.root().display(),
-        workdir.display()
-    );
+    setup.announce(a.live);
+    let Setup {
+        dir,
+        team,
+        workdir,
+        env,
+    } = setup;
     println!("the person asks the lead: {PROMPT}\n");
     let started = Instant::now();
     let signals = Signals::install().context("failed to install signal handlers")?;
@@ -134,7 +188,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
     let tail = {
         let (team, stop) = (team.clone(), stop.clone());
         let t0 = fsutil::now();
-        std::thread::spawn(move || follow(&team, t0, &heard, &stop))
+        std::thread::spawn(move || follow(&team, t0, &heard, &stop, &event_line))
     };
     let result = chat::unattended(&mut lead, PROMPT, &signals, &mut |s| match s {
         Shown::Text(text) => {
@@ -184,7 +238,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
 
 /// Who did not end `shutdown`, for the demo's last line: failed members with their reason,
 /// then the others as still up; `None` if every member shut down.
-fn unfinished(members: &[Member]) -> Option<String> {
+pub fn unfinished(members: &[Member]) -> Option<String> {
     let (failed, up): (Vec<&Member>, Vec<&Member>) = members
         .iter()
         .filter(|m| m.status != MemberStatus::Shutdown)
@@ -208,19 +262,41 @@ fn unfinished(members: &[Member]) -> Option<String> {
 }
 
 /// One timeline line.
-struct Line {
-    ts: f64,
-    who: String,
-    text: String,
+pub struct Line {
+    pub ts: f64,
+    pub who: String,
+    pub text: String,
+}
+
+/// How one event shows in a timeline: who did it and what (without the time), or `None` for
+/// events the timeline leaves out.
+pub type Describe<'a> = dyn Fn(&Value, &RequestStore) -> Option<(String, String)> + 'a;
+
+/// The first story's timeline line for an event: the actor is the event's `name` or `from`,
+/// else the lead.
+pub fn event_line(e: &Value, requests: &RequestStore) -> Option<(String, String)> {
+    let text = describe(e, requests)?;
+    let who = e
+        .get("name")
+        .or_else(|| e.get("from"))
+        .and_then(Value::as_str)
+        .unwrap_or("lead");
+    Some((who.to_owned(), text))
 }
 
 /// How long a line is held back so that lines from the two sources (events.jsonl, read every
 /// 20 ms, and the lead's words) print in time order.
 const REORDER: f64 = 0.15;
 
-/// Prints `events.jsonl` and the lead's words as one timeline, in time order, while the log
-/// grows, until `stop` (then everything left).
-fn follow(team: &TeamDir, t0: f64, said: &mpsc::Receiver<Line>, stop: &AtomicBool) {
+/// Prints `events.jsonl` (each event as `describe` tells) and the lead's words as one
+/// timeline, in time order, while the log grows, until `stop` (then everything left).
+pub fn follow(
+    team: &TeamDir,
+    t0: f64,
+    said: &mpsc::Receiver<Line>,
+    stop: &AtomicBool,
+    describe: &Describe<'_>,
+) {
     let requests = RequestStore::new(team);
     let mut offset = 0;
     let mut held: Vec<Line> = Vec::new();
@@ -231,15 +307,10 @@ fn follow(team: &TeamDir, t0: f64, said: &mpsc::Receiver<Line>, stop: &AtomicBoo
             Ok((evs, next)) => {
                 offset = next;
                 for e in &evs {
-                    if let Some(text) = describe(e, &requests) {
-                        let who = e
-                            .get("name")
-                            .or_else(|| e.get("from"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("lead");
+                    if let Some((who, text)) = describe(e, &requests) {
                         held.push(Line {
                             ts: e.get("ts").and_then(Value::as_f64).unwrap_or(t0),
-                            who: who.to_owned(),
+                            who,
                             text,
                         });
                     }
@@ -271,7 +342,7 @@ fn follow(team: &TeamDir, t0: f64, said: &mpsc::Receiver<Line>, stop: &AtomicBoo
 
 /// One event as a timeline line (without time and actor), or `None` for events the timeline
 /// leaves out because another line already says it.
-fn describe(e: &Value, requests: &RequestStore) -> Option<String> {
+pub fn describe(e: &Value, requests: &RequestStore) -> Option<String> {
     let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
     let rid = s("request_id");
     let request = || requests.get(&rid).ok();

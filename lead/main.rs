@@ -14,6 +14,7 @@ mod cache_stub;
 mod chat;
 mod commands;
 mod demo;
+mod demo_board;
 mod notify;
 mod supervisor;
 mod tasks;

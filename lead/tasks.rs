@@ -118,7 +118,7 @@ fn list(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
 }
 
 /// The task table of `lead task list` (and `cancel`).
-fn table(tasks: &[Task]) {
+pub(crate) fn table(tasks: &[Task]) {
     println!(
         "{:<9} {:<12} {:<16} {:<18}  SUBJECT",
         "ID", "STATUS", "OWNER", "BLOCKED_BY"

@@ -44,6 +44,20 @@
 //! live response keeps the real id); the replay provider replaces `{{request_id}}` in every string
 //! inside a `tool_use` input by the newest request id of the replayed request, and leaves the
 //! string alone when the request shows none.
+//!
+//! # The `{{task_id}}` placeholder
+//!
+//! Task ids (8 lowercase hex characters, [`crate::tasks`]) are random too, so a recorded
+//! `task_update{task_id: "0a1b2c3d"}` names a task the replay does not have. The *newest task id*
+//! of a request is the last match, scanning the same blocks in the same order, of 8 lowercase hex
+//! characters (followed by no letter, digit or `_`) right after one of the ways the board shows a
+//! task to a model: `task ` as a word (`You claimed task 0a1b2c3d`, `The task_completed hook
+//! sent task 0a1b2c3d back`), `task_id ` (`call task_update with task_id 0a1b2c3d`), or a task
+//! tool's JSON `"task_id": "` (with or without the space). Blockers named after a claimed task
+//! (`You claimed task 0a1b2c3d (after 11111111, 22222222, ...)`) do not match, and the claim
+//! message ends with `task_id 0a1b2c3d`, so the claimed task stays the newest. The recorder stores
+//! tool call input strings equal to it as `{{task_id}}` (after the request id, which wins if the
+//! two are the same string) and the replay fills `{{task_id}}` in as it does `{{request_id}}`.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -64,6 +78,9 @@ use super::{Block, ChatMessage, ChatRequest, ChatResponse, Provider};
 
 /// The text a recorded tool call input holds where the live call named the newest request id.
 pub const REQUEST_ID_PLACEHOLDER: &str = "{{request_id}}";
+
+/// The text a recorded tool call input holds where the live call named the newest task id.
+pub const TASK_ID_PLACEHOLDER: &str = "{{task_id}}";
 
 /// How long an ordered replay waits for earlier turns by default (`TROUPE_REPLAY_WAIT_SECS`).
 pub const DEFAULT_REPLAY_WAIT: Duration = Duration::from_secs(60);
@@ -322,7 +339,10 @@ impl Provider for ReplayProvider {
         }
         let mut response = recorded.response.clone();
         if let Some(id) = newest_request_id(&req.messages) {
-            fill_request_id(&mut response, id);
+            fill(&mut response, REQUEST_ID_PLACEHOLDER, id);
+        }
+        if let Some(id) = newest_task_id(&req.messages) {
+            fill(&mut response, TASK_ID_PLACEHOLDER, id);
         }
         Ok(response)
     }
@@ -358,27 +378,63 @@ fn append_progress(path: &Path, turn: u64) -> io::Result<()> {
 /// The newest request id a request shows the model: the last `request_id=` followed by exactly 8
 /// lowercase hex characters, scanning the text blocks and tool result contents in order.
 pub fn newest_request_id(messages: &[ChatMessage]) -> Option<&str> {
+    newest(messages, last_request_id)
+}
+
+/// The newest task id a request shows the model (see the module docs): the last 8 lowercase hex
+/// characters after `task `, `task_id ` or a JSON `"task_id": "`, scanning the text blocks and
+/// tool result contents in order.
+pub fn newest_task_id(messages: &[ChatMessage]) -> Option<&str> {
+    newest(messages, last_task_id)
+}
+
+/// The last match of `last_in` over the text blocks and tool result contents of `messages`.
+fn newest<'a>(
+    messages: &'a [ChatMessage],
+    last_in: fn(&'a str) -> Option<&'a str>,
+) -> Option<&'a str> {
     // The last match overall is the last match of the last block that has one.
     messages
         .iter()
         .rev()
         .flat_map(|m| m.content.iter().rev())
         .find_map(|block| match block {
-            Block::Text { text } => last_request_id(text),
-            Block::ToolResult { content, .. } => last_request_id(content),
+            Block::Text { text } => last_in(text),
+            Block::ToolResult { content, .. } => last_in(content),
             Block::ToolUse { .. } => None,
         })
 }
 
 /// The last request id in `text` (see [`newest_request_id`]).
 fn last_request_id(text: &str) -> Option<&str> {
-    const KEY: &str = "request_id=";
+    last_id_after(text, "request_id=", false)
+}
+
+/// The last task id in `text` (see [`newest_task_id`]).
+fn last_task_id(text: &str) -> Option<&str> {
+    // The id right after each key, and where it starts, for the one that comes last.
+    ["task ", "task_id ", "\"task_id\": \"", "\"task_id\":\""]
+        .iter()
+        .filter_map(|key| {
+            let id = last_id_after(text, key, key.starts_with('t'))?;
+            // `id` borrows from `text`, so its offset is where it starts.
+            Some((id.as_ptr() as usize - text.as_ptr() as usize, id))
+        })
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, id)| id)
+}
+
+/// The last exactly-8-lowercase-hex id right after `key` in `text` (and then no letter, digit or
+/// `_`). With `word`, `key` must also start a word (no letter, digit or `_` before it).
+fn last_id_after<'a>(text: &'a str, key: &str, word: bool) -> Option<&'a str> {
     const LEN: usize = 8;
+    let word_byte = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
     let bytes = text.as_bytes();
     let mut found = None;
     let mut from = 0;
-    while let Some(pos) = text.get(from..).and_then(|rest| rest.find(KEY)) {
-        let start = from + pos + KEY.len();
+    while let Some(pos) = text.get(from..).and_then(|rest| rest.find(key)) {
+        let at = from + pos;
+        let start = at + key.len();
         let hex = bytes
             .get(start..)
             .unwrap_or_default()
@@ -386,10 +442,9 @@ fn last_request_id(text: &str) -> Option<&str> {
             .take(LEN + 1)
             .take_while(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
             .count();
-        let ends_word = bytes
-            .get(start + LEN)
-            .is_none_or(|b| !(b.is_ascii_alphanumeric() || *b == b'_'));
-        if hex == LEN && ends_word {
+        let ends_word = bytes.get(start + LEN).is_none_or(|b| !word_byte(b));
+        let starts_word = !word || at == 0 || !word_byte(&bytes[at - 1]);
+        if hex == LEN && ends_word && starts_word {
             // ASCII bytes, so these are char boundaries.
             found = text.get(start..start + LEN);
         }
@@ -415,33 +470,41 @@ fn for_each_input_string(response: &mut ChatResponse, f: &mut impl FnMut(&mut St
     }
 }
 
-/// Replaces [`REQUEST_ID_PLACEHOLDER`] by `id` in every string of the tool call inputs.
-fn fill_request_id(response: &mut ChatResponse, id: &str) {
+/// Replaces `placeholder` by `id` in every string of the tool call inputs.
+fn fill(response: &mut ChatResponse, placeholder: &str, id: &str) {
     for_each_input_string(response, &mut |s| {
-        if s.contains(REQUEST_ID_PLACEHOLDER) {
-            *s = s.replace(REQUEST_ID_PLACEHOLDER, id);
+        if s.contains(placeholder) {
+            *s = s.replace(placeholder, id);
         }
     });
 }
 
 /// The copy of `response` to record: strings of the tool call inputs equal to the newest request
-/// id of `req` become [`REQUEST_ID_PLACEHOLDER`]. Borrowed when there is nothing to replace.
-fn abstract_request_id<'a>(req: &ChatRequest, response: &'a ChatResponse) -> Cow<'a, ChatResponse> {
-    let Some(id) = newest_request_id(&req.messages) else {
-        return Cow::Borrowed(response);
-    };
-    let mut copy = response.clone();
-    let mut replaced = false;
-    for_each_input_string(&mut copy, &mut |s| {
-        if s == id {
-            *s = REQUEST_ID_PLACEHOLDER.to_string();
-            replaced = true;
+/// id of `req` become [`REQUEST_ID_PLACEHOLDER`], then those equal to its newest task id
+/// [`TASK_ID_PLACEHOLDER`]. Borrowed when there is nothing to replace.
+fn abstract_ids<'a>(req: &ChatRequest, response: &'a ChatResponse) -> Cow<'a, ChatResponse> {
+    let ids = [
+        (newest_request_id(&req.messages), REQUEST_ID_PLACEHOLDER),
+        (newest_task_id(&req.messages), TASK_ID_PLACEHOLDER),
+    ];
+    let mut copy: Option<ChatResponse> = None;
+    for (id, placeholder) in ids {
+        let Some(id) = id else { continue };
+        let mut candidate = copy.clone().unwrap_or_else(|| response.clone());
+        let mut replaced = false;
+        for_each_input_string(&mut candidate, &mut |s| {
+            if s == id {
+                *s = placeholder.to_string();
+                replaced = true;
+            }
+        });
+        if replaced {
+            copy = Some(candidate);
         }
-    });
-    if replaced {
-        Cow::Owned(copy)
-    } else {
-        Cow::Borrowed(response)
+    }
+    match copy {
+        Some(c) => Cow::Owned(c),
+        None => Cow::Borrowed(response),
     }
 }
 
@@ -500,7 +563,7 @@ impl Recorder {
     }
 
     fn append(&self, req: &ChatRequest, response: &ChatResponse) -> io::Result<()> {
-        let response = abstract_request_id(req, response);
+        let response = abstract_ids(req, response);
         let mut cassette = self
             .cassette
             .lock()
@@ -1020,6 +1083,161 @@ mod tests {
         // No request id in the request: the placeholder stays.
         let r = replay.complete(&request("lead", 0)).expect("replayed");
         assert_eq!(r, recorded);
+    }
+
+    #[test]
+    fn task_ids_are_found_by_hand() {
+        // The claim message names the claimed task first and last, its blockers in between.
+        let claim = "You claimed task 0a1b2c3d (after 11111111, 22222222, all completed): docs\n\
+                     When it is done, call task_update with task_id 0a1b2c3d, status completed";
+        assert_eq!(last_task_id(claim), Some("0a1b2c3d"));
+        assert_eq!(
+            last_task_id("The task_completed hook sent task 00ff00ff (parse) back to you"),
+            Some("00ff00ff")
+        );
+        let listed = "{\n  \"task_id\": \"aaaaaaaa\",\n  \"subject\": \"x\"\n}\n\
+                      {\"task_id\":\"bbbbbbbb\"}";
+        assert_eq!(last_task_id(listed), Some("bbbbbbbb"));
+        // The last one wins whatever key names it.
+        assert_eq!(
+            last_task_id("\"task_id\": \"aaaaaaaa\" then task cccccccc"),
+            Some("cccccccc")
+        );
+        assert_eq!(
+            last_task_id("task cccccccc then \"task_id\": \"aaaaaaaa\""),
+            Some("aaaaaaaa")
+        );
+        for none in [
+            "task 0a1b2c3",
+            "task 0a1b2c3d4",
+            "task 0A1B2C3D",
+            "task 0a1b2c3g",
+            "task 0a1b2c3d_",
+            "subtask 0a1b2c3d",
+            "my_task 0a1b2c3d",
+            "task_completed 0a1b2c3d",
+            "tasks 0a1b2c3d",
+            "after 0a1b2c3d",
+            "request_id=0a1b2c3d",
+            "task",
+            "",
+        ] {
+            assert_eq!(last_task_id(none), None, "{none}");
+        }
+        assert_eq!(last_task_id("é task 0a1b2c3d é"), Some("0a1b2c3d"));
+        assert_eq!(
+            last_task_id("task 0a1b2c3d. task zzzzzzzz"),
+            Some("0a1b2c3d")
+        );
+    }
+
+    #[test]
+    fn placeholder_gets_the_newest_task_id_and_leaves_request_ids_alone() {
+        let mut recorded = tool_use(serde_json::json!({
+            "task_id": "{{task_id}}",
+            "status": "completed",
+            "result": "done with {{task_id}}",
+            "request_id": "{{request_id}}",
+        }));
+        recorded.content[1] = Block::ToolUse {
+            id: "t1".into(),
+            name: "task_update".into(),
+            input: input_of(&recorded).clone(),
+        };
+        let replay = ReplayProvider::from_entries(vec![CassetteEntry {
+            agent: "ana".into(),
+            seq: 3,
+            turn: None,
+            response: recorded.clone(),
+        }]);
+        let req = request_with(
+            "ana",
+            3,
+            vec![
+                Block::Text {
+                    text: "<inbox>\n[task_assignment from ana] You claimed task 11111111: x\n\
+                           call task_update with task_id 11111111</inbox>"
+                        .into(),
+                },
+                Block::ToolResult {
+                    tool_use_id: "t0".into(),
+                    content: "{\"task_id\": \"22222222\", \"status\": \"completing\"}".into(),
+                    is_error: false,
+                },
+                Block::Text {
+                    text: "[message from lead] The task_completed hook sent task 33333333 \
+                           (x) back to you [shutdown_request from lead request_id=44444444]"
+                        .into(),
+                },
+                Block::ToolResult {
+                    tool_use_id: "t1".into(),
+                    content: "edited settings.py".into(),
+                    is_error: false,
+                },
+            ],
+        );
+        let r = replay.complete(&req).expect("replayed");
+        assert_eq!(
+            input_of(&r),
+            &serde_json::json!({
+                "task_id": "33333333",
+                "status": "completed",
+                "result": "done with 33333333",
+                "request_id": "44444444",
+            })
+        );
+        // No task id in the request: the placeholder stays.
+        let r = replay.complete(&request("ana", 3)).expect("replayed");
+        assert_eq!(input_of(&r)["task_id"], "{{task_id}}");
+    }
+
+    /// Answers with a task_update naming the newest task id of the request.
+    struct TaskEcho;
+
+    impl Provider for TaskEcho {
+        fn name(&self) -> &'static str {
+            "task-echo"
+        }
+        fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+            let id = newest_task_id(&req.messages).unwrap_or("none");
+            Ok(tool_use(serde_json::json!({
+                "task_id": id,
+                "status": "completed",
+                "result": format!("finished {id}"),
+            })))
+        }
+    }
+
+    #[test]
+    fn recorder_abstracts_task_ids() {
+        let path = temp_path("task-ids");
+        let recorder = Recorder::new(Box::new(TaskEcho), &path).expect("recorder");
+        let claimed = |id: &str| {
+            request_with(
+                "ana",
+                1,
+                vec![Block::Text {
+                    text: format!("You claimed task {id} (after 99999999, all completed): x"),
+                }],
+            )
+        };
+        let live = recorder.complete(&claimed("0a1b2c3d")).expect("call");
+        assert_eq!(input_of(&live)["task_id"], "0a1b2c3d", "live keeps the id");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let entry: CassetteEntry =
+            serde_json::from_str(text.lines().next().expect("a line")).expect("entry");
+        assert_eq!(
+            input_of(&entry.response),
+            &serde_json::json!({
+                "task_id": "{{task_id}}",
+                "status": "completed",
+                "result": "finished 0a1b2c3d",
+            })
+        );
+        let replay = ReplayProvider::open(&path).expect("open");
+        let r = replay.complete(&claimed("feedbeef")).expect("replayed");
+        assert_eq!(input_of(&r)["task_id"], "feedbeef");
+        std::fs::remove_file(&path).ok();
     }
 
     /// Answers with a tool call naming the newest request id of the request.
