@@ -1,0 +1,381 @@
+//! Issue 13, acceptance 3: worktrees. Two teammates spawned with `--worktree` write and commit
+//! the same path through their own `bash`, run by real workers under `lead run` with the LLM
+//! faked: each change lands on its own branch (`troupe/NAME`), the main tree is untouched, and
+//! the sandbox lets the commit through while `git config` writes and writes into `.git/hooks`
+//! fail. `lead status --json` shows each worktree's branch and whether it is dirty; `lead
+//! worktree remove` refuses a running member and a dirty worktree without `--force`, keeps the
+//! branch, and a respawn re-adds the worktree on it. Outside a git repository the flag is
+//! refused and nothing is written.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::fake_llm::{
+    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+};
+use support::team::{Bg, Team, lead_cmd, wait_until};
+use troupe::TeamDir;
+
+const T: Duration = Duration::from_secs(60);
+const USAGE: &str = r#"{"input_tokens":10,"output_tokens":5}"#;
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .output()
+        .unwrap()
+}
+
+fn git_ok(dir: &Path, args: &[&str]) -> String {
+    let o = git(dir, args);
+    assert!(
+        o.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A team whose dir is `.team` at the top of a fresh git repository (one commit, no identity of
+/// its own), and whose working dir is that repository.
+fn repo_team() -> (Team, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git_ok(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("README"), "the main tree\n").unwrap();
+    git_ok(&repo, &["add", "README"]);
+    git_ok(
+        &repo,
+        &[
+            "-c",
+            "user.name=Test",
+            "-c",
+            "user.email=test@example.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "first",
+        ],
+    );
+    let dir = TeamDir::create(repo.join(".team")).unwrap();
+    let team = Team {
+        tmp,
+        dir,
+        workdir: repo.clone(),
+    };
+    (team, repo)
+}
+
+fn call(id: &str, command: &str) -> Reply {
+    let block = anthropic_tool_use_block(id, "bash", &json!({ "command": command }).to_string());
+    Reply::ok(anthropic_message(&block, "tool_use", USAGE))
+}
+
+fn spawn_args<'a>(name: &'a str, model: &'a str) -> Vec<&'a str> {
+    vec![
+        "spawn",
+        name,
+        "--role",
+        "coder",
+        "--prompt",
+        "write same.txt and commit it",
+        "--model",
+        model,
+        "--worktree",
+    ]
+}
+
+fn status_json(team: &Team, url: &str) -> Value {
+    let o = lead_cmd(team, url, &["status", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {status}"))
+}
+
+/// The text of every tool result `model` received, in order.
+fn tool_results(fake: &FakeLlm, model: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in fake.requests() {
+        if r.body["model"] != model {
+            continue;
+        }
+        let Some(last) = r.body["messages"].as_array().and_then(|m| m.last()) else {
+            continue;
+        };
+        for block in last["content"].as_array().into_iter().flatten() {
+            if block["type"] == "tool_result" {
+                out.push(block["content"].to_string());
+            }
+        }
+    }
+    out
+}
+
+fn run_lead(team: &Team, url: &str) -> Bg {
+    Bg(lead_cmd(
+        team,
+        url,
+        &["run", "--stop-timeout", "1", "--kill-grace", "1"],
+    )
+    .stdout(Stdio::null())
+    .stderr(
+        std::fs::File::create(team.tmp.path().join("lead.stderr"))
+            .unwrap()
+            .try_clone()
+            .unwrap(),
+    )
+    .spawn()
+    .unwrap())
+}
+
+fn lead_stderr(team: &Team) -> String {
+    std::fs::read_to_string(team.tmp.path().join("lead.stderr")).unwrap_or_default()
+}
+
+fn stop(lead: &mut Bg) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lead.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    wait_until(T, "lead run to stop", || lead.0.try_wait().unwrap());
+}
+
+#[test]
+fn two_teammates_commit_the_same_path_on_their_own_branches() {
+    let (team, repo) = repo_team();
+    let main_head = git_ok(&repo, &["rev-parse", "HEAD"]);
+    let main_status = git_ok(&repo, &["status", "--porcelain"]);
+    let config_before = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    for (name, model) in [("alice", "m-alice"), ("bob", "m-bob")] {
+        let o = lead_cmd(&team, &url, &spawn_args(name, model))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "spawn {name} --worktree: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        fake.push_for(
+            model,
+            call(
+                "tu_commit",
+                &format!(
+                    "pwd && echo {name} > same.txt && git add same.txt && \
+                     git commit -q -m 'from {name}' && echo COMMITTED"
+                ),
+            ),
+        );
+        fake.push_for(
+            model,
+            call(
+                "tu_config",
+                "git config user.name evil; echo \"config=$?\"; \
+                 echo 'exit 0' > \"$(git rev-parse --git-common-dir)/hooks/pre-commit\"; \
+                 echo \"hooks=$?\"",
+            ),
+        );
+        fake.push_for(model, Reply::ok(anthropic_text("committed")));
+    }
+    let mut lead = run_lead(&team, &url);
+    for name in ["alice", "bob"] {
+        wait_until(T, &format!("{name} idle"), || {
+            let s = status_json(&team, &url);
+            (member(&s, name)["status"] == "idle" && fake.requests_for(&format!("m-{name}")) >= 3)
+                .then_some(())
+        });
+    }
+    for name in ["alice", "bob"] {
+        let results = tool_results(&fake, &format!("m-{name}"));
+        let all = results.join("\n");
+        let wt = repo
+            .parent()
+            .unwrap()
+            .join("repo.troupe")
+            .join(name)
+            .canonicalize()
+            .unwrap_or_else(|e| panic!("{name}'s worktree: {e}; tool results: {all}"));
+        assert!(
+            results.first().is_some_and(|r| r.contains("COMMITTED")
+                && r.contains(&wt.display().to_string())),
+            "{name}'s commit did not succeed in {}: {all}\nlead stderr:\n{}",
+            wt.display(),
+            lead_stderr(&team)
+        );
+        let second = results.get(1).cloned().unwrap_or_default();
+        assert!(
+            !second.contains("config=0") && second.contains("config="),
+            "{name}'s `git config` write was not refused: {second}"
+        );
+        assert!(
+            !second.contains("hooks=0") && second.contains("hooks="),
+            "{name}'s write into .git/hooks was not refused: {second}"
+        );
+        assert_eq!(
+            git_ok(&repo, &["show", &format!("troupe/{name}:same.txt")]),
+            format!("{name}\n")
+        );
+    }
+    // The main tree, its branch and the repository's settings and hooks are as they were.
+    assert!(!repo.join("same.txt").exists(), "same.txt in the main tree");
+    assert_eq!(git_ok(&repo, &["rev-parse", "HEAD"]), main_head);
+    assert_eq!(git_ok(&repo, &["status", "--porcelain"]), main_status);
+    assert_eq!(
+        std::fs::read_to_string(repo.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert!(!repo.join(".git/hooks/pre-commit").exists());
+
+    // Status: branch, clean, then dirty.
+    let s = status_json(&team, &url);
+    let w = &member(&s, "alice")["worktree"];
+    assert_eq!(w["branch"], "troupe/alice", "{s}");
+    assert_eq!(w["dirty"], false, "{s}");
+    let alice_wt = PathBuf::from(w["path"].as_str().unwrap());
+    std::fs::write(alice_wt.join("scratch.txt"), "uncommitted\n").unwrap();
+    let s = status_json(&team, &url);
+    assert_eq!(member(&s, "alice")["worktree"]["dirty"], true, "{s}");
+    assert_eq!(member(&s, "bob")["worktree"]["dirty"], false, "{s}");
+    let text = lead_cmd(&team, &url, &["status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("troupe/alice") && text.contains("uncommitted"),
+        "lead status does not show alice's branch and changes:\n{text}"
+    );
+
+    // Remove: refused while alice runs.
+    let o = lead_cmd(&team, &url, &["worktree", "remove", "alice", "--force"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "remove of a running member's worktree: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(alice_wt.exists());
+    stop(&mut lead);
+    // Refused while dirty, done with --force; the branch stays.
+    let o = lead_cmd(&team, &url, &["worktree", "remove", "alice"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "remove of a dirty worktree: {err}");
+    assert!(err.contains("--force"), "{err}");
+    assert!(alice_wt.join("scratch.txt").exists());
+    let o = lead_cmd(&team, &url, &["worktree", "remove", "alice", "--force"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("troupe/alice"),
+        "remove does not say the branch is kept"
+    );
+    assert!(!alice_wt.exists(), "the worktree dir is still there");
+    assert_eq!(
+        git_ok(&repo, &["show", "troupe/alice:same.txt"]),
+        "alice\n"
+    );
+    let s = status_json(&team, &url);
+    assert!(member(&s, "alice")["worktree"].is_null(), "{s}");
+    // A clean one goes without --force.
+    let o = lead_cmd(&team, &url, &["worktree", "remove", "bob"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // A respawn re-adds the worktree on the kept branch, with the teammate's commit.
+    let o = lead_cmd(&team, &url, &spawn_args("alice", "m-alice"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read_to_string(alice_wt.join("same.txt")).unwrap(),
+        "alice\n"
+    );
+    assert_eq!(
+        git_ok(&alice_wt, &["rev-parse", "--abbrev-ref", "HEAD"]).trim(),
+        "troupe/alice"
+    );
+}
+
+#[test]
+fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    let o = lead_cmd(&team, &url, &spawn_args("cat", "m-cat"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let wt = repo.parent().unwrap().join("repo.troupe/cat");
+    assert!(wt.join("README").exists());
+    std::fs::write(wt.join("kept.txt"), "still here\n").unwrap();
+    // Spawned again (it never ran): the same worktree, untouched.
+    let o = lead_cmd(&team, &url, &spawn_args("cat", "m-cat"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() || o.status.code() == Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(wt.join("kept.txt").exists());
+    // The dir removed by hand: the supervisor re-adds it on the branch before starting cat.
+    std::fs::remove_dir_all(&wt).unwrap();
+    fake.push_for("m-cat", call("tu_pwd", "pwd; git rev-parse --abbrev-ref HEAD"));
+    fake.push_for("m-cat", Reply::ok(anthropic_text("here")));
+    let mut lead = run_lead(&team, &url);
+    wait_until(T, "cat idle", || {
+        let s = status_json(&team, &url);
+        (member(&s, "cat")["status"] == "idle" && fake.requests_for("m-cat") >= 2).then_some(())
+    });
+    let results = tool_results(&fake, "m-cat").join("\n");
+    assert!(
+        results.contains("troupe/cat") && results.contains("repo.troupe/cat"),
+        "cat did not work in its re-added worktree: {results}\n{}",
+        lead_stderr(&team)
+    );
+    assert!(wt.join("README").exists());
+    stop(&mut lead);
+}
+
+#[test]
+fn worktree_outside_a_git_repository_is_refused() {
+    let team = Team::new();
+    let url = "http://127.0.0.1:9";
+    let o = lead_cmd(&team, url, &spawn_args("dan", "m-dan"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("git repository"), "{err}");
+    let s = status_json(&team, url);
+    assert!(
+        s["members"].as_array().unwrap().is_empty(),
+        "a member was added: {s}"
+    );
+    assert!(
+        !team.dir.root().join("inbox/dan.jsonl").exists(),
+        "dan's task was delivered"
+    );
+}
