@@ -162,7 +162,15 @@ fn stop(lead: &mut Bg) {
 fn two_teammates_commit_the_same_path_on_their_own_branches() {
     let (team, repo) = repo_team();
     let main_head = git_ok(&repo, &["rev-parse", "HEAD"]);
-    let main_status = git_ok(&repo, &["status", "--porcelain"]);
+    // The team dir is untracked in the main tree; nothing else may change there.
+    let main_status = || {
+        git_ok(&repo, &["status", "--porcelain"])
+            .lines()
+            .filter(|l| *l != "?? .team/")
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(main_status(), Vec::<String>::new());
     let config_before = std::fs::read_to_string(repo.join(".git/config")).unwrap();
     let fake = FakeLlm::start([]).patient(T);
     let url = fake.url();
@@ -215,16 +223,18 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
             .canonicalize()
             .unwrap_or_else(|e| panic!("{name}'s worktree: {e}; tool results: {all}"));
         assert!(
-            results.first().is_some_and(|r| r.contains("COMMITTED")
-                && r.contains(&wt.display().to_string())),
+            results
+                .first()
+                .is_some_and(|r| r.contains("COMMITTED") && r.contains(&wt.display().to_string())),
             "{name}'s commit did not succeed in {}: {all}\nlead stderr:\n{}",
             wt.display(),
             lead_stderr(&team)
         );
         let second = results.get(1).cloned().unwrap_or_default();
+        let sandbox = member(&status_json(&team, &url), name)["sandbox"].clone();
         assert!(
             !second.contains("config=0") && second.contains("config="),
-            "{name}'s `git config` write was not refused: {second}"
+            "{name}'s `git config` write was not refused: {second}\nsandbox: {sandbox}"
         );
         assert!(
             !second.contains("hooks=0") && second.contains("hooks="),
@@ -238,7 +248,7 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
     // The main tree, its branch and the repository's settings and hooks are as they were.
     assert!(!repo.join("same.txt").exists(), "same.txt in the main tree");
     assert_eq!(git_ok(&repo, &["rev-parse", "HEAD"]), main_head);
-    assert_eq!(git_ok(&repo, &["status", "--porcelain"]), main_status);
+    assert_eq!(main_status(), Vec::<String>::new());
     assert_eq!(
         std::fs::read_to_string(repo.join(".git/config")).unwrap(),
         config_before
@@ -279,7 +289,11 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(4), "remove of a dirty worktree: {err}");
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "remove of a dirty worktree: {err}"
+    );
     assert!(err.contains("--force"), "{err}");
     assert!(alice_wt.join("scratch.txt").exists());
     let o = lead_cmd(&team, &url, &["worktree", "remove", "alice", "--force"])
@@ -291,10 +305,7 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
         "remove does not say the branch is kept"
     );
     assert!(!alice_wt.exists(), "the worktree dir is still there");
-    assert_eq!(
-        git_ok(&repo, &["show", "troupe/alice:same.txt"]),
-        "alice\n"
-    );
+    assert_eq!(git_ok(&repo, &["show", "troupe/alice:same.txt"]), "alice\n");
     let s = status_json(&team, &url);
     assert!(member(&s, "alice")["worktree"].is_null(), "{s}");
     // A clean one goes without --force.
@@ -342,7 +353,10 @@ fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
     assert!(wt.join("kept.txt").exists());
     // The dir removed by hand: the supervisor re-adds it on the branch before starting cat.
     std::fs::remove_dir_all(&wt).unwrap();
-    fake.push_for("m-cat", call("tu_pwd", "pwd; git rev-parse --abbrev-ref HEAD"));
+    fake.push_for(
+        "m-cat",
+        call("tu_pwd", "pwd; git rev-parse --abbrev-ref HEAD"),
+    );
     fake.push_for("m-cat", Reply::ok(anthropic_text("here")));
     let mut lead = run_lead(&team, &url);
     wait_until(T, "cat idle", || {
