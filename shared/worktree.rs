@@ -201,7 +201,8 @@ pub fn is_dirty(wt: &Worktree) -> Option<bool> {
     if !wt.path.is_dir() {
         return None;
     }
-    git_ok(&wt.path, &["status", "--porcelain"])
+    // Without the index refresh's lock, which would make the teammate's own `git add` fail.
+    git_ok(&wt.path, &["--no-optional-locks", "status", "--porcelain"])
         .ok()
         .map(|s| !s.trim().is_empty())
 }

@@ -14,9 +14,11 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use std::os::unix::process::CommandExt;
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
+
 use support::team::{Bg, Team, lead_cmd, wait_until};
 use troupe::TeamDir;
 
@@ -27,6 +29,8 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     Command::new("git")
         .arg("-C")
         .arg(dir)
+        // The repository may belong to the unprivileged user the team runs as.
+        .args(["-c", "safe.directory=*"])
         .args(args)
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")
@@ -48,7 +52,12 @@ fn git_ok(dir: &Path, args: &[&str]) -> String {
 /// A team whose dir is `.team` at the top of a fresh git repository (one commit, no identity of
 /// its own), and whose working dir is that repository.
 fn repo_team() -> (Team, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
+    repo_team_in(&std::env::temp_dir())
+}
+
+/// [`repo_team`] in a temp dir under `base`.
+fn repo_team_in(base: &Path) -> (Team, PathBuf) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
     let repo = tmp.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
     git_ok(&repo, &["init", "-q", "-b", "main"]);
@@ -95,8 +104,23 @@ fn spawn_args<'a>(name: &'a str, model: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// `lead ARGS` on `team`, as `uid` when given (with the temp dir as its home).
+fn lead(team: &Team, url: &str, args: &[&str], uid: Option<u32>) -> Command {
+    let mut c = lead_cmd(team, url, args);
+    if let Some(uid) = uid {
+        c.uid(uid).gid(uid).env("HOME", team.tmp.path());
+    }
+    c
+}
+
 fn status_json(team: &Team, url: &str) -> Value {
-    let o = lead_cmd(team, url, &["status", "--json"]).output().unwrap();
+    status_as(team, url, None)
+}
+
+fn status_as(team: &Team, url: &str, uid: Option<u32>) -> Value {
+    let o = lead(team, url, &["status", "--json"], uid)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
 }
@@ -130,10 +154,15 @@ fn tool_results(fake: &FakeLlm, model: &str) -> Vec<String> {
 }
 
 fn run_lead(team: &Team, url: &str) -> Bg {
-    Bg(lead_cmd(
+    run_lead_as(team, url, None)
+}
+
+fn run_lead_as(team: &Team, url: &str, uid: Option<u32>) -> Bg {
+    Bg(lead(
         team,
         url,
         &["run", "--stop-timeout", "1", "--kill-grace", "1"],
+        uid,
     )
     .stdout(Stdio::null())
     .stderr(
@@ -160,7 +189,40 @@ fn stop(lead: &mut Bg) {
 
 #[test]
 fn two_teammates_commit_the_same_path_on_their_own_branches() {
-    let (team, repo) = repo_team();
+    commit_on_own_branches(None, &std::env::temp_dir());
+}
+
+/// The same with the repository outside `/tmp`, where the git dir is not bound back over the
+/// private `/tmp`: Landlock alone keeps its config and hooks read-only.
+#[test]
+fn outside_tmp_the_git_dir_stays_read_only_too() {
+    let base = Path::new("/var/tmp");
+    if !base.is_dir() {
+        eprintln!("skipped: no /var/tmp");
+        return;
+    }
+    commit_on_own_branches(None, base);
+}
+
+/// The same with the whole team run by an unprivileged user (as root, the test above runs
+/// commands as root of their own user namespace; this one as the worker's own user, with the
+/// git dir remounted read-only in a user namespace it does not own).
+#[test]
+fn unprivileged_teammates_commit_on_their_own_branches_too() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: not root, so the test above already runs the team unprivileged");
+        return;
+    }
+    commit_on_own_branches(Some(65534), &std::env::temp_dir());
+}
+
+fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
+    let (team, repo) = repo_team_in(base);
+    if let Some(uid) = uid {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(team.tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        chown_tree(team.tmp.path(), uid);
+    }
     let main_head = git_ok(&repo, &["rev-parse", "HEAD"]);
     // The team dir is untracked in the main tree; nothing else may change there.
     let main_status = || {
@@ -175,7 +237,7 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
     let fake = FakeLlm::start([]).patient(T);
     let url = fake.url();
     for (name, model) in [("alice", "m-alice"), ("bob", "m-bob")] {
-        let o = lead_cmd(&team, &url, &spawn_args(name, model))
+        let o = lead(&team, &url, &spawn_args(name, model), uid)
             .output()
             .unwrap();
         assert!(
@@ -204,10 +266,10 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
         );
         fake.push_for(model, Reply::ok(anthropic_text("committed")));
     }
-    let mut lead = run_lead(&team, &url);
+    let mut sup = run_lead_as(&team, &url, uid);
     for name in ["alice", "bob"] {
         wait_until(T, &format!("{name} idle"), || {
-            let s = status_json(&team, &url);
+            let s = status_as(&team, &url, uid);
             (member(&s, name)["status"] == "idle" && fake.requests_for(&format!("m-{name}")) >= 3)
                 .then_some(())
         });
@@ -231,7 +293,18 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
             lead_stderr(&team)
         );
         let second = results.get(1).cloned().unwrap_or_default();
-        let sandbox = member(&status_json(&team, &url), name)["sandbox"].clone();
+        let sandbox = member(&status_as(&team, &url, uid), name)["sandbox"].clone();
+        if let Some(uid) = uid {
+            assert!(
+                sandbox["user"]
+                    .as_str()
+                    .is_some_and(|u| u.contains(&uid.to_string())),
+                "{name}'s commands do not run as {uid}: {sandbox}"
+            );
+        }
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            assert_eq!(sandbox["active"], true, "CI=true: {sandbox}");
+        }
         assert!(
             !second.contains("config=0") && second.contains("config="),
             "{name}'s `git config` write was not refused: {second}\nsandbox: {sandbox}"
@@ -256,16 +329,16 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
     assert!(!repo.join(".git/hooks/pre-commit").exists());
 
     // Status: branch, clean, then dirty.
-    let s = status_json(&team, &url);
+    let s = status_as(&team, &url, uid);
     let w = &member(&s, "alice")["worktree"];
     assert_eq!(w["branch"], "troupe/alice", "{s}");
     assert_eq!(w["dirty"], false, "{s}");
     let alice_wt = PathBuf::from(w["path"].as_str().unwrap());
     std::fs::write(alice_wt.join("scratch.txt"), "uncommitted\n").unwrap();
-    let s = status_json(&team, &url);
+    let s = status_as(&team, &url, uid);
     assert_eq!(member(&s, "alice")["worktree"]["dirty"], true, "{s}");
     assert_eq!(member(&s, "bob")["worktree"]["dirty"], false, "{s}");
-    let text = lead_cmd(&team, &url, &["status"]).output().unwrap();
+    let text = lead(&team, &url, &["status"], uid).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("troupe/alice") && text.contains("uncommitted"),
@@ -273,9 +346,14 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
     );
 
     // Remove: refused while alice runs.
-    let o = lead_cmd(&team, &url, &["worktree", "remove", "alice", "--force"])
-        .output()
-        .unwrap();
+    let o = lead(
+        &team,
+        &url,
+        &["worktree", "remove", "alice", "--force"],
+        uid,
+    )
+    .output()
+    .unwrap();
     assert_eq!(
         o.status.code(),
         Some(4),
@@ -283,9 +361,9 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(alice_wt.exists());
-    stop(&mut lead);
+    stop(&mut sup);
     // Refused while dirty, done with --force; the branch stays.
-    let o = lead_cmd(&team, &url, &["worktree", "remove", "alice"])
+    let o = lead(&team, &url, &["worktree", "remove", "alice"], uid)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -296,9 +374,14 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
     );
     assert!(err.contains("--force"), "{err}");
     assert!(alice_wt.join("scratch.txt").exists());
-    let o = lead_cmd(&team, &url, &["worktree", "remove", "alice", "--force"])
-        .output()
-        .unwrap();
+    let o = lead(
+        &team,
+        &url,
+        &["worktree", "remove", "alice", "--force"],
+        uid,
+    )
+    .output()
+    .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("troupe/alice"),
@@ -306,16 +389,16 @@ fn two_teammates_commit_the_same_path_on_their_own_branches() {
     );
     assert!(!alice_wt.exists(), "the worktree dir is still there");
     assert_eq!(git_ok(&repo, &["show", "troupe/alice:same.txt"]), "alice\n");
-    let s = status_json(&team, &url);
+    let s = status_as(&team, &url, uid);
     assert!(member(&s, "alice")["worktree"].is_null(), "{s}");
     // A clean one goes without --force.
-    let o = lead_cmd(&team, &url, &["worktree", "remove", "bob"])
+    let o = lead(&team, &url, &["worktree", "remove", "bob"], uid)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // A respawn re-adds the worktree on the kept branch, with the teammate's commit.
-    let o = lead_cmd(&team, &url, &spawn_args("alice", "m-alice"))
+    let o = lead(&team, &url, &spawn_args("alice", "m-alice"), uid)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -392,4 +475,16 @@ fn worktree_outside_a_git_repository_is_refused() {
         !team.dir.root().join("inbox/dan.jsonl").exists(),
         "dan's task was delivered"
     );
+}
+
+fn chown_tree(dir: &Path, uid: u32) {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid)).unwrap();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.symlink_metadata().unwrap().is_dir() {
+            chown_tree(&p, uid);
+        } else {
+            std::os::unix::fs::lchown(&p, Some(uid), Some(uid)).unwrap();
+        }
+    }
 }
