@@ -10,6 +10,8 @@
 //! - under **Landlock**: reads only in the system's trees (`/usr`, `/etc`, `/bin`, `/lib`...,
 //!   `/sys`), writes only in the working dir and the private temp dir (plus `/dev/null` and the
 //!   like), plus the dirs the user adds; signals and abstract unix sockets stay inside (ABI 6);
+//!   a working dir that is a linked git worktree also gets what a commit needs of its
+//!   repository's git dir (see [`crate::worktree::GitDirs`]), the rest of that dir read-only;
 //! - with **no capabilities** and no new privileges: as root, as `nobody` (a setting) or, when
 //!   that user cannot use the working dir, as root of its own user namespace with every
 //!   capability dropped; otherwise as the worker's own user.

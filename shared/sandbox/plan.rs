@@ -355,6 +355,29 @@ mod tests {
     }
 
     #[test]
+    fn a_read_only_path_is_remounted_so_and_what_lies_below_is_bound_after_it() {
+        let mut f = facts(Namespaces::UserPidMount, RunAs::RootNoCaps);
+        f.visible = vec![
+            ("/tmp/r/.git".into(), true),
+            ("/tmp/r/.git/objects".into(), true),
+        ];
+        f.read_only = vec![("/tmp/r/.git".into(), libc::MS_NOSUID)];
+        let p = build(&f).unwrap();
+        let keep: Vec<_> = p
+            .keep
+            .iter()
+            .map(|k| (k.path.to_str().unwrap(), k.read_only))
+            .collect();
+        assert_eq!(
+            keep,
+            [
+                ("/tmp/r/.git", Some(libc::MS_NOSUID)),
+                ("/tmp/r/.git/objects", None)
+            ]
+        );
+    }
+
+    #[test]
     fn who_the_command_runs_as() {
         let own = build(&facts(
             Namespaces::UserPidMount,
