@@ -436,6 +436,18 @@ fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
     assert!(wt.join("kept.txt").exists());
     // The dir removed by hand: the supervisor re-adds it on the branch before starting cat.
     std::fs::remove_dir_all(&wt).unwrap();
+    // cat's hooks run in its worktree too.
+    let hook_cwd = team.tmp.path().join("hook_cwd");
+    troupe::config::Roster::new(&team.dir)
+        .update(|c| {
+            c.hooks = vec![troupe::hooks::Hook {
+                event: troupe::hooks::HookEvent::TeammateIdle,
+                command: format!("pwd > {}", hook_cwd.display()),
+                timeout_secs: None,
+            }];
+            Ok(())
+        })
+        .unwrap();
     fake.push_for(
         "m-cat",
         call("tu_pwd", "pwd; git rev-parse --abbrev-ref HEAD"),
@@ -453,6 +465,14 @@ fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
         lead_stderr(&team)
     );
     assert!(wt.join("README").exists());
+    let ran_in = wait_until(T, "cat's teammate_idle hook", || {
+        std::fs::read_to_string(&hook_cwd).ok()
+    });
+    assert_eq!(
+        PathBuf::from(ran_in.trim()),
+        wt.canonicalize().unwrap(),
+        "cat's hook did not run in its worktree"
+    );
     stop(&mut lead);
 }
 
