@@ -672,7 +672,9 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 visible,
                 read_only: git
                     .iter()
-                    .map(|g| (g.common.clone(), locked_mount_flags(&g.common)))
+                    .map(|g| &g.common)
+                    .chain(&reads)
+                    .map(|d| (d.clone(), locked_mount_flags(d)))
                     .collect(),
                 has_run: Path::new("/run").is_dir(),
                 has_tmp: Path::new("/tmp").is_dir(),

@@ -282,6 +282,10 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
                 .map(|(_, flags)| *flags),
         });
     }
+    // Outermost first, so a path inside a read-only one (the working dir inside a
+    // `--sandbox-read` dir, a git dir's `objects`) is bound back writable on top of it.
+    plan.keep
+        .sort_by_key(|k| k.path.as_bytes().iter().filter(|b| **b == b'/').count());
     plan.late_mounts.push(Mount {
         step: "covering the team dir",
         source: Some(lit("tmpfs")),
@@ -358,8 +362,8 @@ mod tests {
     fn a_read_only_path_is_remounted_so_and_what_lies_below_is_bound_after_it() {
         let mut f = facts(Namespaces::UserPidMount, RunAs::RootNoCaps);
         f.visible = vec![
-            ("/tmp/r/.git".into(), true),
             ("/tmp/r/.git/objects".into(), true),
+            ("/tmp/r/.git".into(), true),
         ];
         f.read_only = vec![("/tmp/r/.git".into(), libc::MS_NOSUID)];
         let p = build(&f).unwrap();
