@@ -101,6 +101,19 @@ fn worktree_for(team: &TeamDir, name: &AgentName) -> Result<Option<crate::worktr
         return Ok(None);
     }
     let known = current.and_then(|m| m.worktree.as_ref());
+    if let Some(m) = current
+        && m.status == MemberStatus::Idle
+        && m.pid.is_some_and(crate::liveness::pid_alive)
+        && known.is_none()
+    {
+        // Its process works in the team's working dir; a worktree would apply only from its
+        // next start, with this task half done elsewhere.
+        return Err(Error::WorktreeRefused {
+            name: name.to_string(),
+            why: "it is idle in the team's working dir; shut it down first                   (`lead shutdown NAME --wait`), then spawn it with --worktree"
+                .to_owned(),
+        });
+    }
     let w = crate::worktree::ensure(team.root(), name.as_str(), known)?;
     events::log(
         team,

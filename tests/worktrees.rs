@@ -508,3 +508,28 @@ fn chown_tree(dir: &Path, uid: u32) {
         }
     }
 }
+
+#[test]
+fn an_idle_teammate_in_the_main_tree_is_not_moved_into_a_worktree_under_its_feet() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    let mut plain = spawn_args("eve", "m-eve");
+    plain.pop();
+    let o = lead_cmd(&team, &url, &plain).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fake.push_for("m-eve", Reply::ok(anthropic_text("ready")));
+    let mut sup = run_lead(&team, &url);
+    wait_until(T, "eve idle", || {
+        (member(&status_json(&team, &url), "eve")["status"] == "idle").then_some(())
+    });
+    let o = lead_cmd(&team, &url, &spawn_args("eve", "m-eve"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("shut it down first"), "{err}");
+    assert!(!repo.parent().unwrap().join("repo.troupe/eve").exists());
+    assert!(member(&status_json(&team, &url), "eve")["worktree"].is_null());
+    stop(&mut sup);
+}
