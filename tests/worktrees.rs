@@ -533,3 +533,41 @@ fn an_idle_teammate_in_the_main_tree_is_not_moved_into_a_worktree_under_its_feet
     assert!(member(&status_json(&team, &url), "eve")["worktree"].is_null());
     stop(&mut sup);
 }
+
+#[test]
+fn a_team_file_member_with_worktree_gets_one_and_outside_a_repository_the_file_is_refused() {
+    let file = "[[members]]\nname = \"fay\"\nrole = \"coder\"\nprompt = \"p\"\nworktree = true\n";
+    let (team, repo) = repo_team();
+    let path = team.tmp.path().join("team.toml");
+    std::fs::write(&path, file).unwrap();
+    let url = "http://127.0.0.1:9";
+    let o = lead_cmd(&team, url, &["up", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = status_json(&team, url);
+    let w = &member(&s, "fay")["worktree"];
+    assert_eq!(w["branch"], "troupe/fay", "{w}");
+    assert!(
+        repo.parent()
+            .unwrap()
+            .join("repo.troupe/fay/README")
+            .exists()
+    );
+
+    let plain = Team::new();
+    let path = plain.tmp.path().join("team.toml");
+    std::fs::write(&path, file).unwrap();
+    let o = lead_cmd(&plain, url, &["up", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("git repository"), "{err}");
+    assert!(
+        status_json(&plain, url)["members"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
