@@ -712,6 +712,7 @@ fn spawn_phase(
                         auto_claim: false,
                         budget_usd: None,
                         budget_tokens: None,
+                        worktree: false,
                     },
                 )?;
                 at.push(t0.elapsed());

@@ -47,6 +47,10 @@ pub struct SpawnArgs {
     /// The most tokens (input, output, cache write and read) it may use over its life.
     #[arg(long)]
     budget_tokens: Option<u64>,
+    /// Give it its own git worktree on branch troupe/NAME, beside the repository holding the
+    /// team dir (`<repo>.troupe/NAME`), as its working dir; kept across restarts.
+    #[arg(long)]
+    worktree: bool,
     #[arg(long)]
     json: bool,
 }
@@ -71,6 +75,10 @@ pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
             .with_context(|| format!("failed to read prompt file {}", f.display()))?,
         (None, None) => anyhow::bail!("one of --prompt or --prompt-file is required"),
     };
+    if a.worktree {
+        // Outside a repository, refused before the team dir is touched.
+        troupe::worktree::repository_of(team_dir)?;
+    }
     let team = TeamDir::create(team_dir)?;
     let m = ops::spawn(
         &team,
@@ -83,12 +91,24 @@ pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
             auto_claim: a.auto_claim,
             budget_usd: a.budget_usd,
             budget_tokens: a.budget_tokens,
+            worktree: a.worktree,
         },
     )?;
     if a.json {
-        println!("{}", json!({"name": m.name, "status": m.status}));
+        println!(
+            "{}",
+            json!({"name": m.name, "status": m.status, "worktree": m.worktree})
+        );
     } else {
         println!("{} {}", m.name, m.status);
+        if let Some(w) = &m.worktree {
+            eprintln!(
+                "lead: {} works in {} on branch {}",
+                m.name,
+                w.path.display(),
+                w.branch
+            );
+        }
     }
     Ok(0)
 }
@@ -214,6 +234,10 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                     "cache_read_share": troupe::cost::cache_read_share(&m.usage),
                     "budget_usd": m.budget_usd, "budget_tokens": m.budget_tokens,
                     "ledger": m.ledger,
+                    "worktree": m.worktree.as_ref().map(|w| json!({
+                        "path": w.path, "branch": w.branch,
+                        "dirty": troupe::worktree::is_dirty(w),
+                    })),
                 })
             })
             .collect();
@@ -313,6 +337,21 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
         if !b.is_empty() {
             println!("budget of {}: {}", m.name, b.join(", "));
         }
+    }
+    // Each worktree: its branch and whether it has uncommitted changes.
+    for m in &cfg.members {
+        let Some(w) = &m.worktree else { continue };
+        let state = match troupe::worktree::is_dirty(w) {
+            Some(true) => "uncommitted changes",
+            Some(false) => "clean",
+            None => "missing (re-added at its next start)",
+        };
+        println!(
+            "worktree of {}: {} on {}, {state}",
+            m.name,
+            w.path.display(),
+            w.branch
+        );
     }
     // The sandbox of each member's tools, as its process found it; members alike on one line.
     let mut lines: Vec<(String, Vec<&str>)> = Vec::new();
@@ -571,4 +610,74 @@ pub fn requests_table(team: &TeamDir) -> anyhow::Result<()> {
 /// The cache-read share of `u` for a table: `62%`, or `-` with no input.
 fn share(u: &troupe::llm::Usage) -> String {
     troupe::cost::cache_read_share(u).map_or("-".to_owned(), |s| format!("{:.0}%", s * 100.0))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WorktreeArgs {
+    #[command(subcommand)]
+    command: WorktreeCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum WorktreeCmd {
+    /// Remove a teammate's worktree (its branch is kept); refused while the teammate runs, and
+    /// with uncommitted changes unless --force.
+    Remove {
+        name: String,
+        /// Remove it with its uncommitted changes.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `lead worktree remove NAME [--force]`.
+pub fn worktree(team: &TeamDir, a: WorktreeArgs) -> anyhow::Result<u8> {
+    let WorktreeCmd::Remove { name, force, json } = a.command;
+    let roster = Roster::new(team);
+    let m = roster.load()?.require(&name)?.clone();
+    let refuse = |why: String| troupe::Error::WorktreeRefused {
+        name: name.clone(),
+        why,
+    };
+    let Some(w) = m.worktree.clone() else {
+        return Err(refuse("it has none".to_owned()).into());
+    };
+    if m.status.wants_process() && m.pid.is_some_and(liveness::pid_alive) {
+        return Err(refuse(format!(
+            "{name} is {} (pid {}): shut it down first (`lead shutdown {name} --wait`)",
+            m.status,
+            m.pid.unwrap_or_default()
+        ))
+        .into());
+    }
+    if !force && troupe::worktree::is_dirty(&w) == Some(true) {
+        return Err(refuse(format!(
+            "{} has uncommitted changes; commit them, or remove it with --force to lose them",
+            w.path.display()
+        ))
+        .into());
+    }
+    troupe::worktree::remove(&w, force)?;
+    roster.update_member(&name, |m| m.worktree = None)?;
+    troupe::events::log(
+        team,
+        "worktree_removed",
+        json!({"name": name, "path": w.path, "branch": w.branch, "force": force}),
+    );
+    if json {
+        println!(
+            "{}",
+            json!({"name": name, "removed": w.path, "branch_kept": w.branch})
+        );
+    } else {
+        println!(
+            "removed {}; branch {} is kept (delete it with `git branch -D {}`)",
+            w.path.display(),
+            w.branch,
+            w.branch
+        );
+    }
+    Ok(0)
 }

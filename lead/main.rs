@@ -69,6 +69,8 @@ enum Cmd {
     /// Bring a team up from a team file (TOML or JSON): members, tasks, hooks; twice changes
     /// nothing.
     Up(up::UpArgs),
+    /// Teammates' git worktrees: `lead worktree remove NAME [--force]`.
+    Worktree(commands::WorktreeArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
     /// Talk to the LLM lead: a REPL, or one prompt with -p (starts a supervisor if none runs).
@@ -171,6 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Approve(a) => commands::decide(&team()?, a, true),
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
+        Cmd::Worktree(a) => commands::worktree(&team()?, a),
         Cmd::Task(a) => tasks::run(team_dir, a),
         Cmd::Up(a) => up::run(team_dir, a),
         Cmd::Chat(a) => chat::run(team_dir, a),

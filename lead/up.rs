@@ -137,7 +137,7 @@ pub fn parse(text: &str, json: bool) -> Result<TeamFile, Invalid> {
 pub struct Declared {
     pub name: String,
     pub settings: MemberSettings,
-    /// Passed to `SpawnSpec` once `lead spawn --worktree` is merged (see `MERGE` below).
+    /// Its own git worktree (`lead spawn --worktree`), given when it is added.
     pub worktree: bool,
 }
 
@@ -534,6 +534,10 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     // Everything that can be refused is refused before the team dir is created or touched.
     let (cfg, tasks, running) = state(team_dir)?;
     diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;
+    if plan.members.iter().any(|m| m.worktree) {
+        // Members with a worktree need a git repository: refused now, not half way.
+        troupe::worktree::repository_of(team_dir)?;
+    }
     let team = TeamDir::create(team_dir)?;
     let lock_path = team.up_lock();
     let lock = troupe::fsutil::open_lock(&lock_path)?;
@@ -611,7 +615,7 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
                         auto_claim: s.auto_claim,
                         budget_usd: s.budget_usd,
                         budget_tokens: s.budget_tokens,
-                        // MERGE: worktree: d.worktree,
+                        worktree: d.worktree,
                     },
                 )
                 .with_context(|| format!("failed to spawn member {}", d.name))?;

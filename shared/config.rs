@@ -230,6 +230,10 @@ pub struct Member {
     /// this many model calls (set by the teammate as it goes idle, cleared by the supervisor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_hook_pending: Option<u64>,
+    /// Its own git worktree (`lead spawn --worktree`), its working dir, kept across restarts
+    /// until `lead worktree remove`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<crate::worktree::Worktree>,
     /// The sandbox its commands run in, as its process found it at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<crate::sandbox::Status>,
@@ -266,6 +270,7 @@ impl Member {
             last_seen: None,
             auto_claim: false,
             idle_hook_pending: None,
+            worktree: None,
             sandbox: None,
             extra: Map::new(),
         }

@@ -87,6 +87,24 @@ pub enum Error {
     /// A protocol rule was broken (for example a teammate creating a shutdown request).
     #[error("{0}")]
     Protocol(String),
+    /// `--worktree` asked for where the team's project root is in no git repository.
+    #[error(
+        "{} is not in a git repository: --worktree needs one (`git init` and commit once, or \
+         spawn without --worktree)",
+        dir.display()
+    )]
+    NotARepository { dir: PathBuf },
+    /// A `git` command failed.
+    #[error("failed to {op} in {}: {stderr}", dir.display())]
+    Git {
+        op: String,
+        dir: PathBuf,
+        stderr: String,
+    },
+    /// A worktree change refused: the member runs, the worktree has uncommitted changes, or
+    /// there is no worktree.
+    #[error("worktree of {name}: {why}")]
+    WorktreeRefused { name: String, why: String },
 }
 
 impl Error {
@@ -99,7 +117,10 @@ impl Error {
     /// The CLI exit code of DESIGN.md section 8 for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::InvalidName { .. } | Error::UnknownMessageType(_) | Error::InvalidTask(_) => 2,
+            Error::InvalidName { .. }
+            | Error::UnknownMessageType(_)
+            | Error::InvalidTask(_)
+            | Error::NotARepository { .. } => 2,
             Error::UnknownMember(_) | Error::UnknownRequest(_) | Error::UnknownTask(_) => 3,
             Error::AlreadyResolved { .. }
             | Error::TaskRefused { .. }
@@ -107,7 +128,8 @@ impl Error {
             | Error::MemberConflict { .. }
             | Error::OverBudget { .. }
             | Error::Locked { .. }
-            | Error::NotAddressee { .. } => 4,
+            | Error::NotAddressee { .. }
+            | Error::WorktreeRefused { .. } => 4,
             _ => 1,
         }
     }

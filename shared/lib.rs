@@ -27,6 +27,7 @@ pub mod teamdir;
 pub mod tools;
 pub mod transcript;
 pub mod wait;
+pub mod worktree;
 
 pub use error::{Error, Result};
 

@@ -31,6 +31,8 @@ pub struct SpawnSpec {
     pub budget_usd: Option<f64>,
     /// Sets the member's token budget (over its life); `None` keeps the one it has.
     pub budget_tokens: Option<u64>,
+    /// Gives it its own git worktree (see [`crate::worktree`]); false keeps the one it has.
+    pub worktree: bool,
 }
 
 /// Adds a member (status `spawning`, for the supervisor to start) or reactivates a stopped,
@@ -43,8 +45,23 @@ pub struct SpawnSpec {
 /// refused while the team is over the team budget: [`Error::OverBudget`], nothing changed.
 pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
     let name = AgentName::teammate(&spec.name)?;
+    let worktree = if spec.worktree {
+        worktree_for(team, &name)?
+    } else {
+        None
+    };
     let member = Roster::new(team).update(|cfg| {
         let m = spawn_in(cfg, &name, spec)?;
+        let m = match &worktree {
+            Some(w) => {
+                let rec = cfg
+                    .member_mut(name.as_str())
+                    .expect("spawn_in added or found it");
+                rec.worktree = Some(w.clone());
+                rec.clone()
+            }
+            None => m,
+        };
         if let Some(why) = crate::cost::over_budget(cfg, &m) {
             let fix = if crate::cost::team_over_budget(cfg).is_some() {
                 "no teammate is spawned until the team budget is raised above the team's spend \
@@ -73,6 +90,37 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
         json!({"name": name, "role": spec.role, "status": member.status, "require_plan_approval": spec.require_plan_approval}),
     );
     Ok(member)
+}
+
+/// The worktree `name` is spawned with (made or reused now, before the roster records it);
+/// `None` for a member that runs or is about to, which [`spawn_in`] refuses.
+fn worktree_for(team: &TeamDir, name: &AgentName) -> Result<Option<crate::worktree::Worktree>> {
+    let cfg = Roster::new(team).load()?;
+    let current = cfg.member(name.as_str());
+    if current.is_some_and(|m| matches!(m.status, MemberStatus::Working | MemberStatus::Spawning)) {
+        return Ok(None);
+    }
+    let known = current.and_then(|m| m.worktree.as_ref());
+    if let Some(m) = current
+        && m.status == MemberStatus::Idle
+        && m.pid.is_some_and(crate::liveness::pid_alive)
+        && known.is_none()
+    {
+        // Its process works in the team's working dir; a worktree would apply only from its
+        // next start, with this task half done elsewhere.
+        return Err(Error::WorktreeRefused {
+            name: name.to_string(),
+            why: "it is idle in the team's working dir; shut it down first                   (`lead shutdown NAME --wait`), then spawn it with --worktree"
+                .to_owned(),
+        });
+    }
+    let w = crate::worktree::ensure(team.root(), name.as_str(), known)?;
+    events::log(
+        team,
+        "worktree_ready",
+        json!({"name": name, "path": w.path, "branch": w.branch}),
+    );
+    Ok(Some(w))
 }
 
 /// The roster change of [`spawn`], budgets aside.

@@ -13,6 +13,44 @@ use std::time::Duration;
 use serde_json::Value;
 use support::fake_llm::{FakeLlm, Reply, anthropic_text};
 use support::team::{Team, lead_cmd, wait_until};
+
+/// Makes the team's project root a git repository with one commit, for the members with
+/// `worktree = true`; their worktrees, beside it, go when the guard drops.
+struct Repo(PathBuf);
+
+impl Drop for Repo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn git_repo(team: &Team) -> Repo {
+    let root = team.tmp.path();
+    for args in [
+        &["init", "-q"][..],
+        &[
+            "-c",
+            "user.name=Test",
+            "-c",
+            "user.email=test@example.invalid",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "first",
+        ],
+    ] {
+        let o = std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let name = root.file_name().unwrap().to_string_lossy().into_owned();
+    Repo(root.with_file_name(format!("{name}.troupe")))
+}
 use troupe::config::{MemberStatus, Roster};
 use troupe::inbox::Inbox;
 use troupe::tasks::TaskStore;
@@ -176,6 +214,7 @@ fn inbox_len(dir: &TeamDir, name: &str) -> usize {
 #[test]
 fn applying_a_file_twice_changes_nothing_the_second_time() {
     let team = Team::new();
+    let _repo = git_repo(&team);
     let file = write_file(&team, "team.toml", FILE);
     let first = json_doc(&up(&team, &file, &["--json"]));
     assert_eq!(first["changed"], true);
@@ -262,6 +301,7 @@ fn applying_a_file_twice_changes_nothing_the_second_time() {
 #[test]
 fn an_edited_file_updates_what_changed_and_prune_removes_the_unlisted() {
     let team = Team::new();
+    let _repo = git_repo(&team);
     let file = write_file(&team, "team.toml", FILE);
     ok(&up(&team, &file, &[]));
     let inbox_before = inbox_len(&team.dir, "alice");
@@ -322,6 +362,7 @@ fn an_edited_file_updates_what_changed_and_prune_removes_the_unlisted() {
 #[test]
 fn a_bad_file_changes_nothing_and_says_why() {
     let team = Team::new();
+    let _repo = git_repo(&team);
     let file = write_file(&team, "team.toml", FILE);
     ok(&up(&team, &file, &[]));
     let before = snapshot(&team.dir);
@@ -383,6 +424,7 @@ fn a_bad_file_changes_nothing_and_says_why() {
     }
     // A bad file on a fresh team dir does not even create it.
     let fresh = Team::new();
+    let _repo = git_repo(&fresh);
     std::fs::remove_dir_all(fresh.dir.root()).unwrap();
     let file = write_file(
         &fresh,
@@ -410,6 +452,7 @@ fn last_system(fake: &FakeLlm, model: &str) -> String {
 #[test]
 fn up_before_and_after_lead_run_brings_members_up() {
     let team = Team::new();
+    let _repo = git_repo(&team);
     let fake = FakeLlm::start((0..40).map(|_| Reply::ok(anthropic_text("ok"))));
     let url = fake.url();
     // Before `lead run`: bob waits in `spawning`.
@@ -507,6 +550,7 @@ model = "m-bob"
 #[test]
 fn a_keyed_task_is_created_once_by_racing_appliers() {
     let team = Team::new();
+    let _repo = git_repo(&team);
     let store = TaskStore::new(&team.dir);
     let created: usize = std::thread::scope(|s| {
         let handles: Vec<_> = (0..8)
@@ -548,6 +592,7 @@ fn a_keyed_task_is_created_once_by_racing_appliers() {
 fn settings_updates_write_only_changes_and_prune_only_members_without_a_process() {
     use troupe::ops::{self, MemberSettings};
     let team = Team::new();
+    let _repo = git_repo(&team);
     team.add_member("amy", 0, false);
     let mut s = MemberSettings {
         role: "coder".into(),

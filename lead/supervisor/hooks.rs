@@ -477,8 +477,8 @@ fn member_of<'a>(cfg: &TeamConfig, name: &'a str) -> Option<&'a str> {
 }
 
 /// A member's own working dir, where it has one (its worktree); else the team's.
-fn member_workdir(_m: &troupe::config::Member) -> Option<PathBuf> {
-    None
+fn member_workdir(m: &troupe::config::Member) -> Option<PathBuf> {
+    m.worktree.as_ref().map(|w| w.path.clone())
 }
 
 /// Reads `r` to its end on a thread, keeping the first [`OUTPUT_CAP`] bytes (lossy UTF-8).

@@ -50,6 +50,20 @@ impl Supervisor {
                 return;
             }
         };
+        // A member with a worktree works there: re-added first if its dir was removed.
+        let (workdir, git_env) = match self.worktree_of(name) {
+            Ok(w) => w,
+            Err(why) => {
+                let reason = why.clone();
+                self.writer.member(name, None, move |m| {
+                    m.status = MemberStatus::Failed;
+                    m.activity = None;
+                    m.reason = Some(reason.clone());
+                });
+                events::log(&self.team, "failed", json!({"name": name, "reason": why}));
+                return;
+            }
+        };
         let incarnation = match self.roster.update_member(name, |m| {
             m.incarnation += 1;
             m.activity = Some(Activity::now(ActivityState::Starting));
@@ -77,7 +91,7 @@ impl Supervisor {
             .arg(self.team.root())
             .args(["--name", name])
             .arg("--workdir")
-            .arg(&self.workdir)
+            .arg(&workdir)
             // Checked to be UTF-8 when `lead run` started.
             .args(self.args.sandbox.to_args().unwrap_or_default())
             .args(
@@ -88,7 +102,8 @@ impl Supervisor {
                     .map(|p| vec!["--prices".into(), p.into_os_string()])
                     .unwrap_or_default(),
             )
-            .current_dir(&self.workdir)
+            .current_dir(&workdir)
+            .envs(git_env)
             .env("TROUPE_PARENT_PID", std::process::id().to_string())
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
@@ -141,5 +156,21 @@ impl Supervisor {
                 events::log(&self.team, "failed", json!({"name": name, "reason": why}));
             }
         }
+    }
+
+    /// The working dir of member `name` and the environment its worker adds for git: its
+    /// worktree (made again if its dir is gone) with the git settings of [`troupe::worktree::git_env`], or the
+    /// team's working dir and nothing.
+    fn worktree_of(
+        &self,
+        name: &str,
+    ) -> Result<(std::path::PathBuf, Vec<(String, String)>), String> {
+        let Some(known) = self.view.member(name).and_then(|m| m.worktree.clone()) else {
+            return Ok((self.workdir.clone(), Vec::new()));
+        };
+        let w = troupe::worktree::ensure(self.team.root(), name, Some(&known))
+            .map_err(|e| format!("its worktree could not be set up: {e}"))?;
+        let env = troupe::worktree::git_env(&w, name);
+        Ok((w.path, env))
     }
 }

@@ -704,6 +704,7 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         auto_claim,
         budget_usd: None,
         budget_tokens: None,
+        worktree: false,
     };
     let m = ops::spawn(team, &spec).map_err(|e| e.to_string())?;
     Ok(if m.status == MemberStatus::Idle {

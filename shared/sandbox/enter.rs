@@ -242,6 +242,17 @@ unsafe fn bind_back(fd: RawFd, k: &Keep) -> Result<(), ()> {
         {
             return fail(b"binding a kept path back");
         }
+        if let Some(flags) = k.read_only
+            && libc::mount(
+                std::ptr::null(),
+                k.path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags,
+                std::ptr::null(),
+            ) != 0
+        {
+            return fail(b"making a kept path read-only");
+        }
     }
     Ok(())
 }

@@ -10,6 +10,8 @@
 //! - under **Landlock**: reads only in the system's trees (`/usr`, `/etc`, `/bin`, `/lib`...,
 //!   `/sys`), writes only in the working dir and the private temp dir (plus `/dev/null` and the
 //!   like), plus the dirs the user adds; signals and abstract unix sockets stay inside (ABI 6);
+//!   a working dir that is a linked git worktree also gets what a commit needs of its
+//!   repository's git dir (see [`crate::worktree::GitDirs`]), the rest of that dir read-only;
 //! - with **no capabilities** and no new privileges: as root, as `nobody` (a setting) or, when
 //!   that user cannot use the working dir, as root of its own user namespace with every
 //!   capability dropped; otherwise as the worker's own user.
@@ -421,6 +423,27 @@ fn may_work_in(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> bool {
             .all(|a| std::fs::metadata(a).is_ok_and(|m| allows(&m, 0o1)))
 }
 
+/// The flags of the mount holding `path` that a remount in a user namespace must keep
+/// (`nosuid`, `nodev`, `noexec` and the atime ones), as `mount(2)` flags.
+fn locked_mount_flags(path: &Path) -> libc::c_ulong {
+    use nix::sys::statvfs::FsFlags;
+    let Ok(st) = nix::sys::statvfs::statvfs(path) else {
+        return 0;
+    };
+    let f = st.flags();
+    [
+        (FsFlags::ST_NOSUID, libc::MS_NOSUID),
+        (FsFlags::ST_NODEV, libc::MS_NODEV),
+        (FsFlags::ST_NOEXEC, libc::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, libc::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, libc::MS_RELATIME),
+    ]
+    .into_iter()
+    .filter(|(st, _)| f.contains(*st))
+    .fold(0, |acc, (_, ms)| acc | ms)
+}
+
 /// The uid and gid of a user named by name or number.
 fn lookup_user(user: &str) -> Result<(libc::uid_t, libc::gid_t), String> {
     if let Ok(uid) = user.parse::<libc::uid_t>() {
@@ -550,6 +573,8 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
         dirs.iter().filter_map(|d| d.canonicalize().ok()).collect()
     };
     let (reads, writes) = (extra(&settings.read), extra(&settings.write));
+    // A linked git worktree (`lead spawn --worktree`): what git needs to commit there.
+    let git = crate::worktree::GitDirs::of_linked(&workdir);
     let resolv = std::fs::canonicalize("/etc/resolv.conf")
         .ok()
         .filter(|p| !p.starts_with("/etc"));
@@ -573,7 +598,11 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
             if auto
                 && i + 1 < users.len()
                 && let Some((uid, gid)) = owner
-                && !may_work_in(&workdir, uid, gid)
+                && !(may_work_in(&workdir, uid, gid)
+                    && git
+                        .iter()
+                        .flat_map(|g| &g.writable)
+                        .all(|d| may_work_in(d, uid, gid)))
             {
                 user_note = Some(format!(
                     "{}: cannot enter or write the working dir (its modes); commands run as \
@@ -614,8 +643,21 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 {
                     rules.push((t, all));
                 }
+                // The git dir is read; of it only what a commit changes is written (its
+                // config and hooks are not).
+                if let Some(g) = &git {
+                    rules.push((g.common.clone(), read));
+                    for d in &g.writable {
+                        rules.push((d.clone(), all));
+                    }
+                }
             }
             let mut visible: Vec<(PathBuf, bool)> = vec![(workdir.clone(), true)];
+            // The git dir read-only, what a commit writes bound back writable on top.
+            if let Some(g) = &git {
+                visible.push((g.common.clone(), true));
+                visible.extend(g.writable.iter().map(|d| (d.clone(), true)));
+            }
             visible.extend(reads.iter().chain(&writes).map(|d| (d.clone(), true)));
             if let Some(r) = &resolv {
                 visible.push((r.clone(), false));
@@ -628,6 +670,12 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 tmp: tmp.clone(),
                 key_files: key_files.clone(),
                 visible,
+                read_only: git
+                    .iter()
+                    .map(|g| &g.common)
+                    .chain(&reads)
+                    .map(|d| (d.clone(), locked_mount_flags(d)))
+                    .collect(),
                 has_run: Path::new("/run").is_dir(),
                 has_tmp: Path::new("/tmp").is_dir(),
                 has_shm: Path::new("/dev/shm").is_dir(),

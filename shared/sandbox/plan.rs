@@ -52,6 +52,11 @@ pub(crate) struct Keep {
     /// Its ancestors below the replaced tree, outermost first (made as mount points).
     pub parents: Vec<CString>,
     pub is_dir: bool,
+    /// Bound back read-only: remounted with `MS_RDONLY` and these flags of its mount (those a
+    /// user namespace may not drop). Landlock alone cannot keep a kept path read-only: its
+    /// mount point lies in the private `/tmp`, which commands may write, and Landlock grants
+    /// what any ancestor in the mount tree is granted.
+    pub read_only: Option<libc::c_ulong>,
 }
 
 /// A Landlock rule for a tree mounted inside the sandbox.
@@ -116,6 +121,10 @@ pub(crate) struct Facts {
     /// Paths that must stay visible where they are (the working dir, the extra read and write
     /// dirs, the resolver configuration).
     pub visible: Vec<(PathBuf, bool)>,
+    /// Those of `visible` that must stay read-only, with the flags of their mount (see
+    /// [`Keep::read_only`]); paths below them listed later in `visible` are bound back
+    /// writable on top.
+    pub read_only: Vec<(PathBuf, libc::c_ulong)>,
     /// Which of `/run`, `/tmp` and `/dev/shm` exist.
     pub has_run: bool,
     pub has_tmp: bool,
@@ -266,8 +275,17 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
             path: cstr(path)?,
             parents,
             is_dir: *is_dir,
+            read_only: f
+                .read_only
+                .iter()
+                .find(|(p, _)| p == path)
+                .map(|(_, flags)| *flags),
         });
     }
+    // Outermost first, so a path inside a read-only one (the working dir inside a
+    // `--sandbox-read` dir, a git dir's `objects`) is bound back writable on top of it.
+    plan.keep
+        .sort_by_key(|k| k.path.as_bytes().iter().filter(|b| **b == b'/').count());
     plan.late_mounts.push(Mount {
         step: "covering the team dir",
         source: Some(lit("tmpfs")),
@@ -308,6 +326,7 @@ mod tests {
                 ("/run/systemd/resolve/stub-resolv.conf".into(), false),
                 ("/home/me/.cargo".into(), true),
             ],
+            read_only: Vec::new(),
             has_run: true,
             has_tmp: true,
             has_shm: true,
@@ -337,6 +356,29 @@ mod tests {
             "/tmp/demo/work/.team"
         );
         assert_eq!(p.late_mounts[1].target.to_str().unwrap(), "/etc/troupe/key");
+    }
+
+    #[test]
+    fn a_read_only_path_is_remounted_so_and_what_lies_below_is_bound_after_it() {
+        let mut f = facts(Namespaces::UserPidMount, RunAs::RootNoCaps);
+        f.visible = vec![
+            ("/tmp/r/.git/objects".into(), true),
+            ("/tmp/r/.git".into(), true),
+        ];
+        f.read_only = vec![("/tmp/r/.git".into(), libc::MS_NOSUID)];
+        let p = build(&f).unwrap();
+        let keep: Vec<_> = p
+            .keep
+            .iter()
+            .map(|k| (k.path.to_str().unwrap(), k.read_only))
+            .collect();
+        assert_eq!(
+            keep,
+            [
+                ("/tmp/r/.git", Some(libc::MS_NOSUID)),
+                ("/tmp/r/.git/objects", None)
+            ]
+        );
     }
 
     #[test]

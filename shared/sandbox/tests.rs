@@ -176,3 +176,31 @@ fn required_refuses_commands_when_something_is_missing() {
         st.describe()
     );
 }
+
+/// A `--sandbox-read` dir under `/tmp` is bound back over the private `/tmp`, whose rights
+/// Landlock would grant it too: it is mounted read-only.
+#[test]
+fn a_read_dir_under_tmp_stays_read_only() {
+    let t = tempfile::tempdir().unwrap();
+    let ro = t.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::write(ro.join("f"), "as it was").unwrap();
+    let s = setup(Settings {
+        read: vec![ro.clone()],
+        ..Settings::default()
+    });
+    if !s.sb.status().active {
+        assert!(!must_be_active(), "{:?}", s.sb.status());
+        return;
+    }
+    let out = run(
+        &s,
+        &format!(
+            "cat {0}/f; echo changed > {0}/f; touch {0}/new",
+            ro.display()
+        ),
+    );
+    assert!(out.starts_with("as it was"), "{out}");
+    assert_eq!(std::fs::read_to_string(ro.join("f")).unwrap(), "as it was");
+    assert!(!ro.join("new").exists(), "{out}");
+}
