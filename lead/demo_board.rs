@@ -226,6 +226,7 @@ fn set_up_board(team: &TeamDir) -> anyhow::Result<()> {
                 auto_claim: true,
                 budget_usd: None,
                 budget_tokens: None,
+                worktree: false,
             },
         )?;
     }

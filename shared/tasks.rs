@@ -573,11 +573,21 @@ impl TaskStore {
     /// The `task_completed` hooks' verdict on a `completing` task: passed, it is completed (and
     /// releases its dependents); sent back, it is `in_progress` with its owner again. `None`
     /// if it is no longer completing (reopened meanwhile, or settled by an earlier run).
-    pub fn settle_completion(&self, id: &str, passed: bool) -> Result<Option<Task>> {
+    ///
+    /// `before` runs under the task's lock, on the task as it is, just before the change is
+    /// written (the supervisor tells the owner there): nobody can act on the change before it
+    /// ran, and a crash between the two leaves the task completing, to be settled again.
+    pub fn settle_completion(
+        &self,
+        id: &str,
+        passed: bool,
+        before: impl FnOnce(&Task),
+    ) -> Result<Option<Task>> {
         let mut changed = false;
         let task = self.locked(id, |cur| {
             let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
             if t.status == TaskStatus::Completing {
+                before(&t);
                 let now = fsutil::now();
                 t.updated_at = now;
                 if passed {
@@ -1064,15 +1074,15 @@ mod tests {
         assert!(held.completed_at.is_none());
         // A completing blocker releases nothing yet.
         assert!(ids(&s.claimable(Some("amy")).unwrap()).is_empty());
-        let back = s.settle_completion(&a.id, false).unwrap().unwrap();
+        let back = s.settle_completion(&a.id, false, |_| ()).unwrap().unwrap();
         assert_eq!(back.status, TaskStatus::InProgress);
         assert_eq!(back.owner.as_deref(), Some("amy"));
         assert!(
-            s.settle_completion(&a.id, true).unwrap().is_none(),
+            s.settle_completion(&a.id, true, |_| ()).unwrap().is_none(),
             "not completing"
         );
         s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
-        let done = s.settle_completion(&a.id, true).unwrap().unwrap();
+        let done = s.settle_completion(&a.id, true, |_| ()).unwrap().unwrap();
         assert_eq!(done.status, TaskStatus::Completed);
         assert!(done.completed_at.is_some());
         assert_eq!(ids(&s.claimable(Some("amy")).unwrap()), [b.id.as_str()]);

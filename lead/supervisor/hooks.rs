@@ -212,32 +212,34 @@ impl Runner {
             return Ok(());
         };
         if ran.outcome != Outcome::Block {
-            if self.store.settle_completion(&t.id, true)?.is_some() {
+            if self.store.settle_completion(&t.id, true, |_| ())?.is_some() {
                 troupe::tasks::wake_claimers(&self.team, None);
             }
             return Ok(());
         }
-        // The owner hears why before its task is back, so no crash between the two leaves it
-        // in_progress with nobody told (a second delivery of the same id is dropped).
         let ended = |name: &str| {
             cfg.member(name)
                 .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown))
         };
-        if let Some(owner) = owner.filter(|o| !ended(o)) {
-            self.tell(
-                owner,
-                &format!("hook:task_completed:{}:{}", t.id, t.updated_at),
-                format!(
-                    "The task_completed hook sent task {} ({}) back to you: it is in_progress and \
-                     yours again. Fix what it says, then call task_update with status completed \
-                     again. The hook said:\n{}",
-                    t.id,
-                    t.subject,
-                    ran.stderr.trim()
-                ),
-            );
-        }
-        self.store.settle_completion(&t.id, false)?;
+        // The owner is told under the task's lock, just before the task is back: it cannot
+        // find its task still completing after it heard, and a crash between the two settles
+        // the task again with the same message id, which its journal drops.
+        self.store.settle_completion(&t.id, false, |cur| {
+            if let Some(owner) = owner.filter(|o| !ended(o)) {
+                self.tell(
+                    owner,
+                    &format!("hook:task_completed:{}:{}", cur.id, cur.updated_at),
+                    format!(
+                        "The task_completed hook sent task {} ({}) back to you: it is in_progress \
+                         and yours again. Fix what it says, then call task_update with status \
+                         completed again. The hook said:\n{}",
+                        cur.id,
+                        cur.subject,
+                        ran.stderr.trim()
+                    ),
+                );
+            }
+        })?;
         // An owner that ended meanwhile cannot take it back: the board gets it.
         if let Some(owner) = t.owner.as_deref().filter(|o| ended(o))
             && !self.store.release_owned_by(owner)?.is_empty()
