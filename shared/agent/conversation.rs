@@ -37,6 +37,9 @@ pub struct Rebuilt {
     pub calls_this_activation: u64,
     /// Whether the last event was the end of an activation (an `idle` entry).
     pub idle: bool,
+    /// What `idle` was before the inbox entries since the last model call, person's turn or
+    /// idle: restored when every one of them turns out handled by the worker itself.
+    idle_before_inbox: Option<bool>,
     /// The last assistant text, for the idle summary.
     pub last_text: String,
     /// Whether the last assistant turn ended without tool uses.
@@ -70,11 +73,18 @@ impl Rebuilt {
             Entry::Session { .. } => {}
             Entry::Handled { ids, .. } => {
                 self.unseen.retain(|m| !ids.contains(&m.id));
+                // Nothing of what woke it is left for the model: it is as it was.
+                if self.unseen.is_empty()
+                    && let Some(was) = self.idle_before_inbox.take()
+                {
+                    self.idle = was;
+                }
             }
             Entry::Inbox { message } => {
                 if !claimed.contains(message.id.as_str()) {
                     self.unseen.push(message.clone());
                 }
+                self.idle_before_inbox.get_or_insert(self.idle);
                 self.idle = false;
             }
             Entry::Assistant { response, .. } => {
@@ -109,6 +119,7 @@ impl Rebuilt {
                 self.calls += 1;
                 self.calls_this_activation += 1;
                 self.idle = false;
+                self.idle_before_inbox = None;
             }
             Entry::ToolResults { results, .. } => {
                 let answered: HashSet<&str> = results
@@ -123,6 +134,7 @@ impl Rebuilt {
             }
             Entry::Idle { .. } => {
                 self.idle = true;
+                self.idle_before_inbox = None;
                 self.calls_this_activation = 0;
             }
             Entry::Compaction {
@@ -151,6 +163,7 @@ impl Rebuilt {
                     vec![Block::Text { text: text.clone() }],
                 );
                 self.idle = false;
+                self.idle_before_inbox = None;
             }
         }
     }
@@ -447,6 +460,40 @@ mod tests {
             panic!()
         };
         assert!(*is_error && content.contains("restarted"));
+    }
+
+    /// A message the worker handles itself (a board wake-up, a stale shutdown) does not undo
+    /// the end of an activation: nothing new reached the model, so there is nothing to resume
+    /// (and no second idle, which would run the team's idle hooks again).
+    #[test]
+    fn a_handled_message_leaves_an_idle_conversation_idle() {
+        let wake = Message::new(MessageType::StatusUpdate, "lead", "alice", "wake");
+        let mut entries = vec![
+            inbox("go"),
+            assistant(vec![Block::Text {
+                text: "done".into(),
+            }]),
+            Entry::Idle { at: 0.0 },
+            Entry::Inbox {
+                message: wake.clone(),
+            },
+            Entry::Handled {
+                ids: vec![wake.id.clone()],
+                at: 0.0,
+            },
+        ];
+        let r = Rebuilt::from_entries(&entries);
+        assert!(r.unseen.is_empty());
+        assert!(r.idle, "a handled wake-up resumed a finished activation");
+        // Live, entry by entry, the same.
+        let mut live = Rebuilt::from_entries(&entries[..3]);
+        for e in &entries[3..] {
+            live.push_entry(e);
+        }
+        assert!(live.idle);
+        // A message the model must see still wakes it.
+        entries.push(inbox("more"));
+        assert!(!Rebuilt::from_entries(&entries).idle);
     }
 
     #[test]
