@@ -41,10 +41,22 @@ pub enum Discipline {
     Naive,
 }
 
+/// When the bench consumer drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainMode {
+    /// Every 5 ms, in batches.
+    Every5Ms,
+    /// As soon as the inbox waiter wakes it (inotify), as an idle worker does: the drainer runs
+    /// back to back with the writers.
+    OnWake,
+}
+
 /// One throughput measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct ThroughputResult {
     pub discipline: Discipline,
+    pub drain: DrainMode,
     pub writers: usize,
     pub sent: u64,
     pub delivered: u64,
@@ -125,9 +137,10 @@ pub fn inbox_throughput(
     writers: usize,
     per_writer: u64,
     discipline: Discipline,
+    drain: DrainMode,
     writer_cmd: &dyn Fn(&Path, usize, u64, Discipline, &Path) -> Command,
 ) -> Result<ThroughputResult> {
-    let root = scratch.join(format!("{discipline:?}-{writers}").to_lowercase());
+    let root = scratch.join(format!("{discipline:?}-{drain:?}-{writers}").to_lowercase());
     let team = TeamDir::create(&root)?;
     let name = bench_name();
     let inbox = Inbox::new(&team, &name);
@@ -145,6 +158,7 @@ pub fn inbox_throughput(
     std::thread::sleep(Duration::from_millis(200));
     let owner = own(&team, &name)?;
     let (mut journal, _) = Journal::open(&team, &name, &owner)?;
+    let mut waiter = InboxWaiter::new(&inbox)?;
     let mut seen = crate::ids::IdSet::default();
     let mut delivered = 0u64;
     let mut duplicates = 0u64;
@@ -167,10 +181,17 @@ pub fn inbox_throughput(
             Discipline::Troupe => count(inbox.drain(&mut journal)?),
             Discipline::Naive => count(naive_drain(inbox.path())?),
         }
-        // A consumer drains in batches, as a worker does between model calls; draining in a
-        // tight loop would mostly measure fsync latency.
-        if !done {
-            std::thread::sleep(DRAIN_INTERVAL);
+        if done {
+            continue;
+        }
+        match drain {
+            // In batches, as a worker busy with model calls does.
+            DrainMode::Every5Ms => std::thread::sleep(DRAIN_INTERVAL),
+            // As soon as something arrives, as an idle worker does (the timeout only notices
+            // writers that finished).
+            DrainMode::OnWake => {
+                waiter.wait(Some(DRAIN_INTERVAL), &[])?;
+            }
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -187,6 +208,7 @@ pub fn inbox_throughput(
     let _ = std::fs::remove_dir_all(&root);
     Ok(ThroughputResult {
         discipline,
+        drain,
         writers,
         sent,
         delivered,

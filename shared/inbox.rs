@@ -1,23 +1,43 @@
 //! Inboxes: `inbox/NAME.jsonl`, one JSON message per line, shared by many writers and one
-//! consumer, all serialized by an exclusive flock on the sidecar `inbox/NAME.lock`.
+//! consumer. Writers serialize on an exclusive flock of the sidecar `inbox/NAME.lock` (the
+//! *writers' lock*); drainers serialize on `inbox/NAME.drain.lock` and take the writers' lock
+//! only for short moments. `inbox/NAME.offset` says how far the file has been consumed.
 //!
-//! - **Append** serializes the whole line first, then under the lock writes it, preceded by a
-//!   `\n`, with one `write` on an `O_APPEND` descriptor. A line is therefore either wholly in the
-//!   file or (after a `kill -9` mid-write) a fragment; the next writer's leading `\n` ends the
-//!   fragment, so it never swallows or interleaves with another line, and the drainer sets it
-//!   aside as torn. (This replaces a look at the tail on every append: two syscalls fewer.)
-//! - **Drain** reads every complete line under the same lock, records the new ones in the
-//!   consumer's [`Journal`] (fsynced), then truncates the file in place. Ids the journal already
-//!   holds are skipped, so a crash between the journal write and the truncate repeats nothing.
+//! - **Append** serializes the whole line first, then under the writers' lock writes it,
+//!   preceded by a `\n`, with one `write` on an `O_APPEND` descriptor. A line is therefore either
+//!   wholly in the file or (after a `kill -9` mid-write) a fragment; the next writer's leading
+//!   `\n` ends the fragment, so it never swallows or interleaves with another line, and the
+//!   drainer sets it aside as torn.
+//! - **Drain** (under the drain lock):
+//!   1. under the writers' lock, reads the bytes from the consumed offset to the end of the file
+//!      (an unterminated tail then can only be a dead writer's fragment);
+//!   2. with no lock of the writers', parses them, sets bad lines aside and records the new
+//!      messages in the consumer's [`Journal`] (fsynced);
+//!   3. under the writers' lock again, marks them consumed: if nothing arrived meanwhile, the
+//!      offset is made 0 (durably) and the file truncated; if something did, the offset moves to
+//!      where the read ended. Once the consumed part passes [`reclaim_at`], the drain instead
+//!      consumes what arrived too, still under the lock, and truncates: under a steady stream the
+//!      file still shrinks, at the cost of one journal sync under the lock per reclaim.
+//!
+//!   Crash points ([`DrainPoint`]): a drainer killed after the read, after the journal, after
+//!   the offset reset or after the mark leaves an offset that is never past an unjournaled
+//!   line, so the next drain reads again at most what the journal already holds, and skips it
+//!   by id: nothing lost, nothing repeated. The offset is written without a sync when it moves
+//!   forward (an older one after a power loss means reading again, not losing), and with one
+//!   before a truncate (a truncate that reached the disk without its offset reset would make
+//!   the next drain skip new lines). An offset past the end of the file, or unreadable, counts
+//!   as 0.
 //! - **Bad lines** (not JSON, missing fields, unknown type) are moved to `NAME.corrupt.jsonl`
-//!   with an event; the rest of the batch is still delivered.
-//! - **Back-pressure**: an inbox over its cap refuses new messages rather than losing old ones.
+//!   with an event; the rest of the batch is still delivered. (A drainer killed between setting
+//!   lines aside and marking them consumed sets them aside again.)
+//! - **Back-pressure**: an inbox whose unconsumed bytes (from the offset to the end) are over
+//!   its cap refuses new messages rather than losing old ones; consumed bytes never count.
 //!
 //! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -41,6 +61,8 @@ pub struct Inbox {
     name: AgentName,
     path: PathBuf,
     lock_path: PathBuf,
+    offset_path: PathBuf,
+    drain_lock_path: PathBuf,
     cap: u64,
 }
 
@@ -61,6 +83,8 @@ impl Inbox {
             name: name.clone(),
             path: team.inbox(name),
             lock_path: team.inbox_lock(name),
+            offset_path: team.inbox_offset(name),
+            drain_lock_path: team.inbox_drain_lock(name),
             cap: DEFAULT_CAP,
         }
     }
@@ -106,7 +130,11 @@ impl Inbox {
             return Ok(Vec::new());
         };
         let _guard = fsutil::lock_shared(&lock, &self.lock_path)?;
-        let buf = read_all(&mut file, &self.path)?;
+        let size = file
+            .metadata()
+            .map_err(Error::io("stat inbox", &self.path))?
+            .len();
+        let buf = read_from(&mut file, consumed(&self.offset_path, size), &self.path)?;
         let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         Ok(buf[..complete]
             .split(|&b| b == b'\n')
@@ -115,38 +143,95 @@ impl Inbox {
             .collect())
     }
 
-    /// Size of the inbox file in bytes (0 if it does not exist).
+    /// Bytes not consumed yet: from the consumed offset to the end of the file (0 if it does
+    /// not exist).
     pub fn len(&self) -> u64 {
-        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+        let size = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        if size == 0 {
+            return 0;
+        }
+        size - consumed(&self.offset_path, size)
     }
 
-    /// Whether the inbox file is empty or missing.
+    /// Whether nothing is waiting in the inbox.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Drains the inbox into `journal` and returns the messages that are new to it, in file
-    /// order. See the module docs for the crash guarantees.
+    /// order. See the module docs for the protocol and its crash guarantees.
     pub fn drain(&self, journal: &mut Journal) -> Result<Vec<Message>> {
-        self.drain_with(journal, |_| {})
+        self.drain_with(journal, |_, _| {})
     }
 
-    /// [`Inbox::drain`] with a hook called after the journal is durable and before the inbox is
-    /// truncated: the one moment a crash matters. Tests use it to die there.
+    /// [`Inbox::drain`] with a hook called at each [`DrainPoint`], with the messages journaled
+    /// so far: the moments a crash could matter. Tests use it to die there.
     pub fn drain_with(
         &self,
         journal: &mut Journal,
-        before_truncate: impl FnOnce(&[Message]),
+        mut at: impl FnMut(DrainPoint, &[Message]),
     ) -> Result<Vec<Message>> {
         let Some((lock, mut file)) = self.open_existing()? else {
             return Ok(Vec::new());
         };
-        let _guard = fsutil::lock_exclusive(&lock, &self.lock_path)?;
-        let buf = read_all(&mut file, &self.path)?;
+        let drain_lock = fsutil::open_lock(&self.drain_lock_path)?;
+        let _drainer = fsutil::lock_exclusive(&drain_lock, &self.drain_lock_path)?;
+        let mut offset = Offset::open(&self.offset_path)?;
+        // 1. What is there, read under the writers' lock.
+        let (end, buf) = {
+            let _writers = fsutil::lock_exclusive(&lock, &self.lock_path)?;
+            let size = file
+                .metadata()
+                .map_err(Error::io("stat inbox", &self.path))?
+                .len();
+            let start = offset.get(size);
+            if start == size {
+                if size > 0 {
+                    // All consumed, nothing new: reclaim the space now.
+                    offset.reset()?;
+                    at(DrainPoint::Reset, &[]);
+                    file.set_len(0)
+                        .map_err(Error::io("truncate inbox", &self.path))?;
+                }
+                return Ok(Vec::new());
+            }
+            (size, read_from(&mut file, start, &self.path)?)
+        };
+        at(DrainPoint::Read, &[]);
+        // 2. Parsed and journaled with the writers free to append.
+        journal.refresh()?;
+        let mut fresh = self.consume(&buf, journal)?;
+        at(DrainPoint::Journaled, &fresh);
+        // 3. Marked consumed, under the writers' lock.
+        let _writers = fsutil::lock_exclusive(&lock, &self.lock_path)?;
+        let size = file
+            .metadata()
+            .map_err(Error::io("stat inbox", &self.path))?
+            .len();
+        if size == end || end >= reclaim_at(self.cap) {
+            if size > end {
+                // Reclaim under a steady stream: what arrived meanwhile is consumed here too.
+                let more = read_from(&mut file, end, &self.path)?;
+                fresh.extend(self.consume(&more, journal)?);
+                at(DrainPoint::Journaled, &fresh);
+            }
+            offset.reset()?;
+            at(DrainPoint::Reset, &fresh);
+            file.set_len(0)
+                .map_err(Error::io("truncate inbox", &self.path))?;
+        } else {
+            offset.set(end)?;
+        }
+        at(DrainPoint::Marked, &fresh);
+        Ok(fresh)
+    }
+
+    /// Parses `buf` (whole lines, then perhaps a dead writer's fragment), sets bad lines aside
+    /// and journals the messages `journal` has not seen; returns them.
+    fn consume(&self, buf: &[u8], journal: &mut Journal) -> Result<Vec<Message>> {
         if buf.is_empty() {
             return Ok(Vec::new());
         }
-        journal.refresh()?;
         let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         let mut fresh: Vec<(&[u8], Message)> = Vec::new();
         let mut corrupt: Vec<(&[u8], String)> = Vec::new();
@@ -166,8 +251,8 @@ impl Inbox {
             }
         }
         if complete < buf.len() {
-            // No writer is mid-write while we hold the lock: an unterminated tail is a fragment
-            // of a writer that died.
+            // Read under the writers' lock, so no writer was mid-write: an unterminated tail is
+            // a fragment of a writer that died.
             corrupt.push((&buf[complete..], TORN.to_owned()));
         }
         if !corrupt.is_empty() {
@@ -175,11 +260,7 @@ impl Inbox {
         }
         let raw: Vec<(&[u8], &str)> = fresh.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
         journal.append_inbox_lines(&raw)?;
-        let fresh: Vec<Message> = fresh.into_iter().map(|(_, m)| m).collect();
-        before_truncate(&fresh);
-        file.set_len(0)
-            .map_err(Error::io("truncate inbox", &self.path))?;
-        Ok(fresh)
+        Ok(fresh.into_iter().map(|(_, m)| m).collect())
     }
 
     fn open_existing(&self) -> Result<Option<(File, File)>> {
@@ -210,8 +291,8 @@ impl Inbox {
             buf.push(b'\n');
         }
         let mut f = fsutil::open_append(&path)?;
-        // We hold the inbox lock, as every writer of this file does. A torn last record is the
-        // copy of a fragment whose setter-aside died before cutting it out of the inbox, so the
+        // We hold the inbox's drain lock, as every writer of this file does. A torn last record
+        // is the copy of a fragment whose setter-aside died before marking it consumed, so the
         // fragment is still there and about to be set aside again: cut the torn copy.
         let len = f.metadata().map_err(Error::io("stat", &path))?.len();
         if len > 0 {
@@ -250,8 +331,105 @@ fn last_newline_end(file: &File, size: u64, path: &Path) -> Result<u64> {
     Ok(0)
 }
 
-fn read_all(file: &mut File, path: &Path) -> Result<Vec<u8>> {
-    file.seek(SeekFrom::Start(0))
+/// Where a drain can be cut short; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainPoint {
+    /// The new bytes are read; nothing is journaled yet.
+    Read,
+    /// The new messages are in the journal (fsynced); the inbox does not say so yet.
+    Journaled,
+    /// The offset is 0 (durably); the file is about to be truncated.
+    Reset,
+    /// The drain is done: the offset or the truncate says what was consumed.
+    Marked,
+}
+
+/// How many consumed bytes make a drain reclaim them under a steady stream: a 16th of the cap,
+/// at most 4 MiB.
+pub fn reclaim_at(cap: u64) -> u64 {
+    (cap / 16).clamp(1, 4 * 1024 * 1024)
+}
+
+/// `inbox/NAME.offset`: the consumed offset as 20 decimal digits and a newline, always written
+/// whole at position 0 (one `pwrite` of 21 bytes).
+struct Offset {
+    file: File,
+    path: PathBuf,
+    /// What the file says now, as this drainer last read or wrote it.
+    value: u64,
+}
+
+const OFFSET_LEN: usize = 21;
+
+impl Offset {
+    fn open(path: &Path) -> Result<Offset> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(fsutil::FILE_MODE)
+            .open(path)
+            .map_err(Error::io("open", path))?;
+        let value = read_offset(&file);
+        Ok(Offset {
+            file,
+            path: path.to_owned(),
+            value,
+        })
+    }
+
+    /// The consumed offset for a file of `size` bytes (0 if it is past the end).
+    fn get(&self, size: u64) -> u64 {
+        if self.value > size { 0 } else { self.value }
+    }
+
+    /// Moves the offset forward (no sync: an older offset read after a power loss only makes
+    /// the next drain read again what the journal holds).
+    fn set(&mut self, to: u64) -> Result<()> {
+        self.file
+            .write_all_at(format!("{to:020}\n").as_bytes(), 0)
+            .map_err(Error::io("write", &self.path))?;
+        self.value = to;
+        Ok(())
+    }
+
+    /// Makes the offset 0 on the disk, before a truncate.
+    fn reset(&mut self) -> Result<()> {
+        // 0 is only ever written by a reset, which syncs it (or the file is new or unreadable,
+        // which reads as 0 before and after a power loss alike).
+        if self.value == 0 {
+            return Ok(());
+        }
+        self.file
+            .write_all_at(format!("{:020}\n", 0).as_bytes(), 0)
+            .map_err(Error::io("write", &self.path))?;
+        fsutil::sync_data(&self.file, &self.path)?;
+        self.value = 0;
+        Ok(())
+    }
+}
+
+fn read_offset(file: &File) -> u64 {
+    let mut buf = [0u8; OFFSET_LEN];
+    match file.read_at(&mut buf, 0) {
+        Ok(n) if n == OFFSET_LEN && buf[OFFSET_LEN - 1] == b'\n' => std::str::from_utf8(&buf[..20])
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The consumed offset of an inbox of `size` bytes, read from `path` (0 if missing, unreadable
+/// or past the end).
+fn consumed(path: &Path, size: u64) -> u64 {
+    let v = File::open(path).map_or(0, |f| read_offset(&f));
+    if v > size { 0 } else { v }
+}
+
+fn read_from(file: &mut File, start: u64, path: &Path) -> Result<Vec<u8>> {
+    file.seek(SeekFrom::Start(start))
         .map_err(Error::io("seek", path))?;
     let mut buf = Vec::new();
     file.read_to_end(&mut buf)
@@ -313,11 +491,13 @@ impl InboxWriter {
         let guard: LockGuard<'_> = fsutil::lock_exclusive(&self.lock, &inbox.lock_path)?;
         let len = self.buf.len() as u64;
         if !self.checked_once || self.unchecked + len > inbox.cap / 64 {
-            let size = self
+            let file_size = self
                 .file
                 .metadata()
                 .map_err(Error::io("stat inbox", &inbox.path))?
                 .len();
+            // Consumed bytes waiting to be reclaimed are not the recipient's backlog.
+            let size = file_size - consumed(&inbox.offset_path, file_size);
             if size + len > inbox.cap {
                 return Err(Error::InboxFull {
                     name: inbox.name.to_string(),

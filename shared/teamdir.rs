@@ -228,6 +228,14 @@ impl TeamDir {
     pub fn inbox_lock(&self, name: &AgentName) -> PathBuf {
         self.inbox_dir().join(format!("{name}.lock"))
     }
+    /// `inbox/NAME.offset`: how far the inbox file has been consumed (see [`crate::inbox`]).
+    pub fn inbox_offset(&self, name: &AgentName) -> PathBuf {
+        self.inbox_dir().join(format!("{name}.offset"))
+    }
+    /// `inbox/NAME.drain.lock`, which drainers of that inbox take one at a time.
+    pub fn inbox_drain_lock(&self, name: &AgentName) -> PathBuf {
+        self.inbox_dir().join(format!("{name}.drain.lock"))
+    }
     /// `inbox/NAME.corrupt.jsonl`, where unparsable lines are set aside.
     pub fn inbox_corrupt(&self, name: &AgentName) -> PathBuf {
         self.inbox_dir().join(format!("{name}.corrupt.jsonl"))

@@ -34,6 +34,7 @@ pub enum Wake {
 /// Waits for an inbox to become non-empty.
 #[derive(Debug)]
 pub struct InboxWaiter {
+    inbox: Inbox,
     path: PathBuf,
     notify: Option<Inotify>,
 }
@@ -54,7 +55,11 @@ impl InboxWaiter {
         } else {
             Self::watch(&path)
         };
-        Ok(InboxWaiter { path, notify })
+        Ok(InboxWaiter {
+            inbox: inbox.clone(),
+            path,
+            notify,
+        })
     }
 
     fn watch(path: &std::path::Path) -> Option<Inotify> {
@@ -87,8 +92,9 @@ impl InboxWaiter {
         self.notify.is_some()
     }
 
+    /// Whether the inbox holds bytes not consumed yet (past its consumed offset).
     fn has_data(&self) -> bool {
-        std::fs::metadata(&self.path).is_ok_and(|m| m.len() > 0)
+        !self.inbox.is_empty()
     }
 
     /// Blocks until the inbox holds data, one of `extra` is readable, or `timeout` passes

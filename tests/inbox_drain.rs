@@ -1,0 +1,259 @@
+//! Issue 14: the drain that reads under the writers' lock, journals outside it and marks what
+//! it consumed with an offset (or a truncate). A drainer is killed with SIGKILL at each of its
+//! crash points ([`DrainPoint`]) while writer processes keep appending, again and again; then
+//! every acknowledged message is in the consumer's journal exactly once, in each writer's order.
+//! And a 200 MiB stream through a 64 MiB-capped inbox with a live drainer meets no back-pressure
+//! while the file stays bounded.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::child::{self, Rng};
+use troupe::inbox::{DEFAULT_CAP, DrainPoint, Durability, Inbox, reclaim_at};
+use troupe::message::{Message, MessageType};
+use troupe::transcript::{Entry, Journal};
+use troupe::{AgentName, TeamDir};
+
+fn alice() -> AgentName {
+    AgentName::teammate("alice").unwrap()
+}
+
+fn team_from(vars: &HashMap<String, String>) -> TeamDir {
+    TeamDir::open(PathBuf::from(&vars["TEAM"])).unwrap()
+}
+
+fn open_journal(team: &TeamDir) -> Journal {
+    let owner = Journal::try_own(team, &alice())
+        .unwrap()
+        .expect("no other owner");
+    Journal::open(team, &alice(), &owner).unwrap().0
+}
+
+/// Appends COUNT messages "W:SEQ:" padded to SIZE bytes (or, without COUNT, until the file
+/// STOP exists, pausing PAUSE_US between appends); reports `ok ID` for each.
+fn writer(vars: &HashMap<String, String>) {
+    let team = team_from(vars);
+    let w: u64 = vars["WRITER"].parse().unwrap();
+    let count: u64 = vars.get("COUNT").map_or(u64::MAX, |c| c.parse().unwrap());
+    let size: usize = vars["SIZE"].parse().unwrap();
+    let stop = vars.get("STOP").map(PathBuf::from);
+    let pause = Duration::from_micros(vars.get("PAUSE_US").map_or(0, |p| p.parse().unwrap()));
+    let mut out = Inbox::new(&team, &alice()).writer().unwrap();
+    for seq in 0..count {
+        if stop.as_ref().is_some_and(|s| s.exists()) {
+            break;
+        }
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        let head = format!("{w}:{seq}:");
+        let body = format!("{head}{}", "x".repeat(size.saturating_sub(head.len())));
+        let m = Message::new(MessageType::Message, "lead", "alice", body);
+        out.append(&m, Durability::ProcessCrash).unwrap();
+        child::report(&format!("ok {}", m.id));
+    }
+}
+
+fn point_named(s: &str) -> DrainPoint {
+    match s {
+        "read" => DrainPoint::Read,
+        "journaled" => DrainPoint::Journaled,
+        "reset" => DrainPoint::Reset,
+        "marked" => DrainPoint::Marked,
+        _ => panic!("unknown point {s}"),
+    }
+}
+
+/// Drains (with the inbox's cap CAP, so reclaims come often) until the NTH time it reaches
+/// POINT, and dies there by SIGKILL; gives up after two seconds.
+fn killed_drainer(vars: &HashMap<String, String>) {
+    let team = team_from(vars);
+    let cap: u64 = vars["CAP"].parse().unwrap();
+    let point = point_named(&vars["POINT"]);
+    let nth: u64 = vars["NTH"].parse().unwrap();
+    let inbox = Inbox::new(&team, &alice()).with_cap(cap);
+    let mut journal = open_journal(&team);
+    let mut hits = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        inbox
+            .drain_with(&mut journal, |p, _| {
+                if p == point {
+                    hits += 1;
+                    if hits == nth {
+                        nix::sys::signal::kill(
+                            nix::unistd::getpid(),
+                            nix::sys::signal::Signal::SIGKILL,
+                        )
+                        .unwrap();
+                    }
+                }
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn child() {
+    child::dispatch(&[("writer", writer), ("killed_drainer", killed_drainer)]);
+}
+
+fn consumed_ids(team: &TeamDir) -> Vec<(String, String)> {
+    troupe::transcript::read_entries(&team.transcript(&alice()))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Inbox { message } => Some((message.id, message.content)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
+    const WRITERS: u64 = 3;
+    // Small enough that a drain reclaims every 4 KiB: the catch-up path runs all the time.
+    const CAP: u64 = 64 * 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+    let root = team.root().display().to_string();
+    drop(Inbox::new(&team, &alice()).writer().unwrap());
+    let stop = tmp.path().join("stop");
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            child::spawn(
+                "writer",
+                &[
+                    ("TEAM", root.clone()),
+                    ("WRITER", w.to_string()),
+                    ("STOP", stop.display().to_string()),
+                    ("PAUSE_US", "100".into()),
+                    ("SIZE", "120".into()),
+                ],
+            )
+        })
+        .collect();
+    let mut rng = Rng::seeded();
+    let mut kills: HashMap<&str, u32> = HashMap::new();
+    let points = ["read", "journaled", "reset", "marked"];
+    let mut round = 0;
+    // Kill drainers at each point, in turn, while the writers run.
+    while round < 40 {
+        let point = points[round % points.len()];
+        let nth = rng.range(1, 6);
+        let out = child::spawn(
+            "killed_drainer",
+            &[
+                ("TEAM", root.clone()),
+                ("CAP", CAP.to_string()),
+                ("POINT", point.into()),
+                ("NTH", nth.to_string()),
+            ],
+        )
+        .wait_with_output()
+        .unwrap();
+        if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(9) {
+            *kills.entry(point).or_default() += 1;
+        } else {
+            assert!(out.status.success(), "drainer failed: {:?}", out.status);
+        }
+        round += 1;
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let mut acked: HashSet<String> = HashSet::new();
+    for w in writers {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success());
+        acked.extend(child::reports(&out.stdout, "ok "));
+    }
+    assert!(
+        acked.len() > 1000,
+        "the writers barely ran: {}",
+        acked.len()
+    );
+    // What is left, drained by a drainer that is not killed.
+    let mut journal = open_journal(&team);
+    let inbox = Inbox::new(&team, &alice()).with_cap(CAP);
+    inbox.drain(&mut journal).unwrap();
+    assert!(inbox.is_empty());
+    drop(journal);
+
+    let got = consumed_ids(&team);
+    let ids: HashSet<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), got.len(), "a message was consumed twice");
+    let missing = acked.iter().filter(|id| !ids.contains(id.as_str())).count();
+    assert_eq!(missing, 0, "{missing} acknowledged messages lost");
+    let mut next = vec![0u64; WRITERS as usize];
+    for (_, body) in &got {
+        let mut it = body.split(':');
+        let w: usize = it.next().unwrap().parse().unwrap();
+        let s: u64 = it.next().unwrap().parse().unwrap();
+        assert_eq!(s, next[w], "writer {w} out of order");
+        next[w] += 1;
+    }
+    for p in points {
+        assert!(
+            kills.get(p).copied().unwrap_or(0) > 0,
+            "no drainer died at {p}: {kills:?}"
+        );
+    }
+    assert!(!team.inbox_corrupt(&alice()).exists());
+}
+
+/// 200 MiB through an inbox capped at 64 MiB, with a drainer that drains on every wake-up as
+/// a worker does: no writer is refused (the consumed bytes are not a backlog) and the file
+/// never grows far past the reclaim threshold.
+#[test]
+fn a_long_stream_meets_no_false_back_pressure_and_the_file_stays_bounded() {
+    const WRITERS: u64 = 2;
+    const SIZE: usize = 4096;
+    let each = 100 * 1024 * 1024 / SIZE as u64;
+    let tmp = tempfile::tempdir().unwrap();
+    let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+    let root = team.root().display().to_string();
+    let inbox = Inbox::new(&team, &alice());
+    let mut waiter = troupe::wait::InboxWaiter::new(&inbox).unwrap();
+    let mut writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let mut c = child::spawn(
+                "writer",
+                &[
+                    ("TEAM", root.clone()),
+                    ("WRITER", w.to_string()),
+                    ("COUNT", each.to_string()),
+                    ("SIZE", SIZE.to_string()),
+                ],
+            );
+            // Thousands of report lines: read them as they come so no writer blocks on a pipe.
+            let out = c.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                std::io::copy(&mut std::io::BufReader::new(out), &mut std::io::sink()).unwrap()
+            });
+            c
+        })
+        .collect();
+    let mut journal = open_journal(&team);
+    let (mut got, mut biggest) = (0u64, 0u64);
+    loop {
+        let done = writers.iter_mut().all(|w| w.try_wait().unwrap().is_some());
+        got += inbox.drain(&mut journal).unwrap().len() as u64;
+        biggest = biggest.max(std::fs::metadata(inbox.path()).unwrap().len());
+        if done && inbox.is_empty() {
+            break;
+        }
+        waiter.wait(Some(Duration::from_millis(5)), &[]).unwrap();
+    }
+    for w in &mut writers {
+        assert!(w.wait().unwrap().success(), "a writer was refused");
+    }
+    assert_eq!(got, WRITERS * each);
+    // Reclaimed past a 16th of the cap; what arrives during one reclaim comes on top.
+    let bound = reclaim_at(DEFAULT_CAP) * 4;
+    assert!(
+        biggest <= bound,
+        "the inbox grew to {biggest} bytes (bound {bound})"
+    );
+}
