@@ -159,14 +159,24 @@ pub fn inbox_throughput(
     let owner = own(&team, &name)?;
     let (mut journal, _) = Journal::open(&team, &name, &owner)?;
     let mut waiter = InboxWaiter::new(&inbox)?;
-    let mut seen = crate::ids::IdSet::default();
+    // Every message is "WRITER:SEQ": one flag per message sent tells a repeat from a first
+    // delivery without a hash set of ids (which cost the consumer a tenth of its time).
+    let mut seen = vec![false; writers * per_writer as usize];
     let mut delivered = 0u64;
     let mut duplicates = 0u64;
     let mut count = |msgs: Vec<Message>| {
         for m in msgs {
             delivered += 1;
-            if !seen.insert(m.id) {
-                duplicates += 1;
+            let mut it = m.content.split(':').map(|n| n.parse::<usize>().ok());
+            let slot = match (it.next().flatten(), it.next().flatten()) {
+                (Some(w), Some(q)) if w < writers && q < per_writer as usize => {
+                    seen.get_mut(w * per_writer as usize + q)
+                }
+                _ => None,
+            };
+            match slot {
+                Some(flag) if !*flag => *flag = true,
+                _ => duplicates += 1,
             }
         }
     };

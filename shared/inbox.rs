@@ -35,8 +35,9 @@
 //!
 //! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
 
+use std::collections::HashSet;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -45,7 +46,7 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::events;
 use crate::fsutil::{self, LockGuard};
-use crate::ids::IdSet;
+use crate::ids::IdHashBuilder;
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
 use crate::transcript::Journal;
@@ -233,23 +234,32 @@ impl Inbox {
             return Ok(Vec::new());
         }
         let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let mut fresh: Vec<(&[u8], Message)> = Vec::new();
+        let mut parsed: Vec<(&[u8], Message)> = Vec::new();
         let mut corrupt: Vec<(&[u8], String)> = Vec::new();
-        // The same id twice in one batch (a sender that retried): keep the first.
-        let mut batch_ids = IdSet::default();
         for line in buf[..complete].split(|&b| b == b'\n') {
             if line.is_empty() {
                 continue;
             }
             match Message::parse_line(line) {
-                Ok(msg) => {
-                    if !journal.has_seen(&msg.id) && batch_ids.insert(msg.id.clone()) {
-                        fresh.push((line, msg));
-                    }
-                }
+                Ok(msg) => parsed.push((line, msg)),
                 Err(why) => corrupt.push((line, describe_bad_line(line, why))),
             }
         }
+        // New to the journal, and the same id twice in one batch (a sender that retried): the
+        // first. (Borrowed ids: no copy per message.)
+        let keep: Vec<bool> = {
+            let mut batch: HashSet<&str, IdHashBuilder> =
+                HashSet::with_capacity_and_hasher(parsed.len(), IdHashBuilder::default());
+            parsed
+                .iter()
+                .map(|(_, m)| !journal.has_seen(&m.id) && batch.insert(m.id.as_str()))
+                .collect()
+        };
+        let fresh: Vec<(&[u8], Message)> = parsed
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(p, k)| k.then_some(p))
+            .collect();
         if complete < buf.len() {
             // Read under the writers' lock, so no writer was mid-write: an unterminated tail is
             // a fragment of a writer that died.
@@ -428,12 +438,25 @@ fn consumed(path: &Path, size: u64) -> u64 {
     if v > size { 0 } else { v }
 }
 
+/// The bytes of `file` from `start` to its end, read into a buffer of the size the file says
+/// (one `pread` as a rule, no growing and copying). Callers hold the writers' lock, so the
+/// file does not grow meanwhile.
 fn read_from(file: &mut File, start: u64, path: &Path) -> Result<Vec<u8>> {
-    file.seek(SeekFrom::Start(start))
-        .map_err(Error::io("seek", path))?;
-    let mut buf = Vec::new();
-    file.read_to_end(&mut buf)
-        .map_err(Error::io("read inbox", path))?;
+    let size = file
+        .metadata()
+        .map_err(Error::io("stat inbox", path))?
+        .len();
+    let mut buf = vec![0u8; size.saturating_sub(start) as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], start + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("read inbox", path)(e)),
+        }
+    }
+    buf.truncate(got);
     Ok(buf)
 }
 
