@@ -71,10 +71,98 @@ mod tests {
         let set: std::collections::HashSet<_> = (0..10_000).map(|_| super::uuid_v4()).collect();
         assert_eq!(set.len(), 10_000);
     }
+
+    #[test]
+    fn id_sets_pack_canonical_uuids_and_keep_every_other_spelling_apart() {
+        let mut s = super::IdSet::default();
+        let u = super::uuid_v4().to_string();
+        assert!(s.insert(&u));
+        assert!(!s.insert(&u));
+        assert!(s.contains(&u));
+        assert_eq!(super::pack(&u), Some(uuid_v4_bits(&u)));
+        // The same bits spelled otherwise are other ids.
+        let upper = u.to_uppercase();
+        assert!(!s.contains(&upper));
+        assert!(s.insert(&upper));
+        for other in ["x", "", "12345678-1234-1234-1234-12345678901g", &u[..35]] {
+            assert!(!s.contains(other));
+            assert!(s.insert(other));
+            assert!(!s.insert(other));
+        }
+        assert_eq!(s.len(), 6);
+    }
+
+    /// The bits of a uuid, as the uuid crate reads them.
+    fn uuid_v4_bits(s: &str) -> u128 {
+        uuid::Uuid::parse_str(s).unwrap().as_u128()
+    }
 }
 
-/// A set of message ids, hashed with [`IdHasher`].
-pub type IdSet = std::collections::HashSet<String, IdHashBuilder>;
+/// A set of message ids, hashed with [`IdHasher`]. An id in the form troupe writes (a uuid in
+/// lower-case hex with hyphens) is kept as its 16 bytes: a journal's set holds every id its
+/// owner ever consumed, and a String per id made it several times larger, and slower to grow
+/// and to search. Any other id is kept as it is. The two forms never meet: only the canonical
+/// spelling is packed, so two different spellings stay two ids.
+#[derive(Debug, Clone, Default)]
+pub struct IdSet {
+    packed: std::collections::HashSet<u128, IdHashBuilder>,
+    other: std::collections::HashSet<String, IdHashBuilder>,
+}
+
+impl IdSet {
+    /// Adds `id`; false if it was there already.
+    pub fn insert(&mut self, id: &str) -> bool {
+        match pack(id) {
+            Some(u) => self.packed.insert(u),
+            None => {
+                if self.other.contains(id) {
+                    return false;
+                }
+                self.other.insert(id.to_owned())
+            }
+        }
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        match pack(id) {
+            Some(u) => self.packed.contains(&u),
+            None => self.other.contains(id),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.packed.len() + self.other.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The 128 bits of a uuid written as 8-4-4-4-12 lower-case hex digits, or `None` for any other
+/// string.
+fn pack(id: &str) -> Option<u128> {
+    let b = id.as_bytes();
+    if b.len() != 36 {
+        return None;
+    }
+    let mut v: u128 = 0;
+    for (i, &c) in b.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if c != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => return None,
+        };
+        v = (v << 4) | u128::from(d);
+    }
+    Some(v)
+}
 
 /// Builds [`IdHasher`]s keyed with a per-process random seed.
 #[derive(Debug, Clone, Copy)]

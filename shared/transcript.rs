@@ -173,7 +173,7 @@ impl Journal {
             match parse_entry(line) {
                 Ok(entry) => {
                     if let Entry::Inbox { message } = &entry {
-                        self.seen.insert(message.id.clone());
+                        self.seen.insert(&message.id);
                     }
                     entries.push(entry);
                 }
@@ -216,7 +216,7 @@ impl Journal {
         self.write_synced(&buf)?;
         for entry in entries {
             if let Entry::Inbox { message } = entry {
-                self.seen.insert(message.id.clone());
+                self.seen.insert(&message.id);
             }
         }
         Ok(())
@@ -297,8 +297,9 @@ impl Journal {
             buf.extend_from_slice(b"}\n");
         }
         self.write_synced(&buf)?;
-        self.seen
-            .extend(items.iter().map(|(_, id)| (*id).to_owned()));
+        for (_, id) in items {
+            self.seen.insert(id);
+        }
         Ok(())
     }
 
