@@ -26,7 +26,8 @@
 //!   forward (an older one after a power loss means reading again, not losing), and with one
 //!   before a truncate (a truncate that reached the disk without its offset reset would make
 //!   the next drain skip new lines). An offset past the end of the file, or unreadable, counts
-//!   as 0.
+//!   as 0, and a drainer's first drain (a worker after its restart) reads from the start of the
+//!   file whatever the offset says: a damaged offset file costs a re-read, never a message.
 //! - **Bad lines** (not JSON, missing fields, unknown type) are moved to `NAME.corrupt.jsonl`
 //!   with an event; the rest of the batch is still delivered. (A drainer killed between setting
 //!   lines aside and marking them consumed sets them aside again.)
@@ -40,6 +41,8 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
 
@@ -65,6 +68,10 @@ pub struct Inbox {
     offset_path: PathBuf,
     drain_lock_path: PathBuf,
     cap: u64,
+    /// Whether this drainer has drained once: its first drain reads from the start of the file
+    /// whatever `NAME.offset` says, so a damaged offset file can only cost a re-read (which the
+    /// journal dedups), never a skipped message. Shared by clones.
+    drained_once: Arc<AtomicBool>,
 }
 
 /// Whether an append waits for the data to reach the disk.
@@ -87,6 +94,7 @@ impl Inbox {
             offset_path: team.inbox_offset(name),
             drain_lock_path: team.inbox_drain_lock(name),
             cap: DEFAULT_CAP,
+            drained_once: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -185,7 +193,11 @@ impl Inbox {
                 .metadata()
                 .map_err(Error::io("stat inbox", &self.path))?
                 .len();
-            let start = offset.get(size);
+            let start = if self.drained_once.load(Ordering::Relaxed) {
+                offset.get(size)
+            } else {
+                0
+            };
             if start == size {
                 if size > 0 {
                     // All consumed, nothing new: reclaim the space now.
@@ -224,6 +236,7 @@ impl Inbox {
             offset.set(end)?;
         }
         at(DrainPoint::Marked, &fresh);
+        self.drained_once.store(true, Ordering::Relaxed);
         Ok(fresh)
     }
 

@@ -1377,3 +1377,53 @@ fn journal_reads_back_messages_with_deep_or_huge_unknown_fields() {
         assert!(reopened.has_seen(&m.id));
     }
 }
+
+proptest! {
+    #![proptest_config(cases(128))]
+
+    /// Issue 14, the offset file: whatever `NAME.offset` holds (garbage, a torn write, a
+    /// number past the end, a number in the middle of a line, nothing), a drain loses nothing
+    /// and repeats nothing. A consumer that journaled the first `done` messages drains, with
+    /// that offset file, exactly the rest, in order; the offset it leaves never points past the
+    /// file.
+    #[test]
+    fn any_offset_file_loses_and_repeats_nothing(
+        msgs in prop::collection::vec(message(), 1..12),
+        done in any::<Index>(),
+        offset in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..40),
+            any::<u64>().prop_map(|n| format!("{n:020}\n").into_bytes()),
+            (0u64..4096).prop_map(|n| format!("{n:020}\n").into_bytes()),
+            (0u64..4096).prop_map(|n| format!("{n:020}").into_bytes()),
+        ],
+    ) {
+        let (_tmp, team) = team();
+        let inbox = Inbox::new(&team, &alice());
+        let mut unique: Vec<Message> = Vec::new();
+        let mut ids = HashSet::new();
+        for m in msgs {
+            // (An oversized message is refused, as it should be: it is simply not sent.)
+            if ids.insert(m.id.clone()) && inbox.append(&m, Durability::ProcessCrash).is_ok() {
+                unique.push(m);
+            }
+        }
+        let done = done.index(unique.len() + 1);
+        {
+            let (mut j, _) = open_journal(&team, &alice());
+            let entries: Vec<Entry> = unique[..done]
+                .iter()
+                .map(|m| Entry::Inbox { message: m.clone() })
+                .collect();
+            j.append(&entries).unwrap();
+        }
+        std::fs::write(team.inbox_offset(&alice()), &offset).unwrap();
+        let (mut j, _) = open_journal(&team, &alice());
+        let mut got = inbox.drain(&mut j).unwrap();
+        got.extend(inbox.drain(&mut j).unwrap());
+        let want: Vec<String> = unique[done..].iter().map(|m| m.id.clone()).collect();
+        let have: Vec<String> = got.iter().map(|m| m.id.clone()).collect();
+        prop_assert_eq!(have, want);
+        prop_assert!(inbox.is_empty());
+        prop_assert!(inbox.peek().unwrap().is_empty());
+    }
+}
