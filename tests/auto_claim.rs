@@ -151,13 +151,55 @@ fn run_board(kill_a_claimer: bool) {
         )
         .unwrap();
     }
-    wait_until(Duration::from_secs(120), "every task completed", || {
-        let tasks = store.list(None).ok()?;
-        tasks
-            .iter()
-            .all(|t| t.status == TaskStatus::Completed)
-            .then_some(())
-    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let tasks = store.list(None).unwrap();
+        if tasks.iter().all(|t| t.status == TaskStatus::Completed) {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            // What a rare hang looks like (seen twice under load, not reproduced since): the
+            // board, the roster and the tails of the claimers' transcripts, inboxes and logs.
+            for t in &tasks {
+                eprintln!("{} {} {:?} {:?}", t.id, t.status, t.owner, t.blocked_by);
+            }
+            eprintln!("{}", std::fs::read_to_string(team.dir.config()).unwrap());
+            for n in ["amy", "bob"] {
+                let tr = std::fs::read_to_string(
+                    team.dir
+                        .transcript(&troupe::AgentName::teammate(n).unwrap()),
+                )
+                .unwrap_or_default();
+                let tail: Vec<&str> = tr.lines().rev().take(8).collect();
+                eprintln!(
+                    "== {n} transcript tail:\n{}",
+                    tail.into_iter()
+                        .rev()
+                        .map(|l| &l[..l.len().min(300)])
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                let inbox = team.dir.inbox(&troupe::AgentName::teammate(n).unwrap());
+                eprintln!(
+                    "inbox {n}: {:?} offset {:?}",
+                    std::fs::metadata(&inbox).map(|m| m.len()),
+                    std::fs::read_to_string(inbox.with_extension("offset"))
+                );
+                eprintln!(
+                    "log {n}: {}",
+                    std::fs::read_to_string(team.dir.log(&troupe::AgentName::teammate(n).unwrap()))
+                        .unwrap_or_default()
+                        .lines()
+                        .rev()
+                        .take(5)
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                );
+            }
+            panic!("timed out waiting for every task completed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     stop.store(true, Ordering::SeqCst);
     answering.join().unwrap();
     let events: Vec<Value> = std::fs::read_to_string(team.dir.events())
