@@ -39,9 +39,19 @@ fn responder(fake: Arc<FakeLlm>, stop: Arc<AtomicBool>) -> std::thread::JoinHand
                 let done = answered.entry(model).or_default();
                 while *done < mine.len() {
                     let text = last_user_text(mine[*done]);
-                    let reply = match text.find("You claimed task ") {
+                    // A claimed task is completed at once; and, as a careful model does, an
+                    // update a restart cut short (its effect unknown) is made again.
+                    let task = match text.find("You claimed task ") {
                         Some(at) if !text.contains("tool_result") => {
-                            let id = &text[at + 17..at + 25];
+                            Some(text[at + 17..at + 25].to_owned())
+                        }
+                        _ if text.contains("the worker restarted before this tool finished") => {
+                            last_update(mine[*done])
+                        }
+                        _ => None,
+                    };
+                    let reply = match task.as_deref() {
+                        Some(id) => {
                             let call = anthropic_tool_use_block(
                                 &format!("tu_{id}_{}", *done),
                                 "task_update",
@@ -58,6 +68,17 @@ fn responder(fake: Arc<FakeLlm>, stop: Arc<AtomicBool>) -> std::thread::JoinHand
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    })
+}
+
+/// The task id of the last `task_update` the model asked for in a request's conversation.
+fn last_update(body: &Value) -> Option<String> {
+    body["messages"].as_array()?.iter().rev().find_map(|m| {
+        m["content"].as_array()?.iter().rev().find_map(|b| {
+            (b["type"] == "tool_use" && b["name"] == "task_update")
+                .then(|| b["input"]["task_id"].as_str().map(str::to_owned))
+                .flatten()
+        })
     })
 }
 
@@ -227,10 +248,18 @@ fn run_board(kill_a_claimer: bool) {
             );
         }
     }
+    // The event of a claim is written after the claim: a claimer killed between the two leaves
+    // its task claimed (and finishes it after its restart) with no event. At most one such
+    // task, amy's, and only when she was killed.
+    let mut unlogged = 0;
     for id in &ids {
         let claims = at("task_claimed", id);
-        assert_eq!(claims.len(), 1, "task {id} claimed {} times", claims.len());
         let t = store.get(id).unwrap();
+        if claims.is_empty() && kill_a_claimer && t.owner.as_deref() == Some("amy") {
+            unlogged += 1;
+            continue;
+        }
+        assert_eq!(claims.len(), 1, "task {id} claimed {} times", claims.len());
         for b in &t.blocked_by {
             let done = at("task_updated", b);
             assert!(
@@ -239,6 +268,7 @@ fn run_board(kill_a_claimer: bool) {
             );
         }
     }
+    assert!(unlogged <= 1, "{unlogged} claims without their event");
     if kill_a_claimer {
         assert!(team.member("amy").restarts >= 1, "amy was not restarted");
     }
