@@ -7,12 +7,12 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use support::fake_llm::{FakeLlm, Reply, anthropic_text};
-use support::team::{Team, lead_cmd, wait_until};
+use support::team::{Stopping, Team, lead_cmd, wait_until};
 
 /// Makes the team's project root a git repository with one commit, for the members with
 /// `worktree = true`; their worktrees, beside it, go when the guard drops.
@@ -57,19 +57,6 @@ use troupe::tasks::TaskStore;
 use troupe::{AgentName, TeamDir};
 
 const T: Duration = Duration::from_secs(60);
-
-/// A `lead run` stopped with SIGTERM (a graceful team stop) on drop.
-struct Lead(Child);
-
-impl Drop for Lead {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.0.wait();
-    }
-}
 
 const FILE: &str = r#"
 team_budget_usd = 5.0
@@ -466,7 +453,7 @@ model = "m-bob"
     let file = write_file(&team, "team.toml", only_bob);
     ok(&up(&team, &file, &[]));
     assert_eq!(team.status("bob"), MemberStatus::Spawning);
-    let _lead = Lead(
+    let _lead = Stopping(
         lead_cmd(
             &team,
             &url,

@@ -30,14 +30,15 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
+use troupe::TeamDir;
 use troupe::config::{MemberStatus, Roster, TeamConfig};
 use troupe::events;
 use troupe::hooks::{Hook, HookEvent, Outcome, outcome};
-use troupe::inbox::{Durability, Inbox};
+use troupe::inbox::Durability;
+use troupe::mail::Stopped;
 use troupe::message::{Message, MessageType};
 use troupe::tasks::{Task, TaskStatus, TaskStore};
 use troupe::teamdir::LEAD;
-use troupe::{AgentName, TeamDir};
 
 /// The most of a hook's stdout and stderr kept (each); the rest is read and dropped.
 const OUTPUT_CAP: usize = 16 * 1024;
@@ -455,21 +456,12 @@ impl Runner {
     /// A message from the lead to teammate `to`, with an id derived from `key` (a repeat after
     /// a crash is dropped by the recipient). Best effort: a failure is logged.
     fn tell(&self, to: &str, key: &str, text: String) {
-        let Ok(name) = AgentName::teammate(to) else {
-            return;
-        };
         let mut msg = Message::new(MessageType::Message, LEAD, to, text);
         msg.id = troupe::ids::derived(key).to_string();
-        if let Err(e) = Inbox::new(&self.team, &name).append(&msg, Durability::Sync) {
+        let sent = troupe::mail::send(&self.team, &msg, Stopped::Accept, Durability::Sync);
+        if let Err(e) = sent {
             tracing::warn!("hooks: could not tell {to}: {e}");
-            return;
         }
-        let preview: String = msg.content.chars().take(200).collect();
-        events::log(
-            &self.team,
-            "message",
-            json!({"from": msg.from, "to": msg.to, "type": msg.kind, "id": msg.id, "text": preview}),
-        );
     }
 }
 

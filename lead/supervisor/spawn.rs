@@ -54,13 +54,7 @@ impl Supervisor {
         let (workdir, git_env) = match self.worktree_of(name) {
             Ok(w) => w,
             Err(why) => {
-                let reason = why.clone();
-                self.writer.member(name, None, move |m| {
-                    m.status = MemberStatus::Failed;
-                    m.activity = None;
-                    m.reason = Some(reason.clone());
-                });
-                events::log(&self.team, "failed", json!({"name": name, "reason": why}));
+                self.start_failed(name, why);
                 return;
             }
         };
@@ -147,15 +141,20 @@ impl Supervisor {
             }
             Err(e) => {
                 let why = format!("failed to start {}: {e}", self.worker_exe);
-                let reason = why.clone();
-                self.writer.member(name, None, move |m| {
-                    m.status = MemberStatus::Failed;
-                    m.activity = None;
-                    m.reason = Some(reason.clone());
-                });
-                events::log(&self.team, "failed", json!({"name": name, "reason": why}));
+                self.start_failed(name, why);
             }
         }
+    }
+
+    /// A member that could not be started is `failed`, with `why` as its reason and an event.
+    fn start_failed(&mut self, name: &str, why: String) {
+        let reason = why.clone();
+        self.writer.member(name, None, move |m| {
+            m.status = MemberStatus::Failed;
+            m.activity = None;
+            m.reason = Some(reason.clone());
+        });
+        events::log(&self.team, "failed", json!({"name": name, "reason": why}));
     }
 
     /// The working dir of member `name` and the environment its worker adds for git: its
