@@ -149,19 +149,21 @@ impl Runner {
         let Ok(cfg) = Roster::new(&self.team).load() else {
             return Ok(());
         };
-        for t in self.store.list(None)? {
+        // One read of the board per pass (a pass follows every roster write). What changes
+        // meanwhile changes a task file, which wakes the thread for another pass; each verdict
+        // is checked against the task as it is then.
+        let board = self.store.list(None)?;
+        for t in board.iter().filter(|t| t.created_hook_pending) {
             if self.stopped() {
                 return Ok(());
             }
-            if t.created_hook_pending {
-                self.task_created(&cfg, &t)?;
-            }
+            self.task_created(&cfg, t)?;
         }
-        for t in self.store.list(Some(TaskStatus::Completing))? {
+        for t in board.iter().filter(|t| t.status == TaskStatus::Completing) {
             if self.stopped() {
                 return Ok(());
             }
-            self.task_completed(&cfg, &t)?;
+            self.task_completed(&cfg, t)?;
         }
         for m in &cfg.members {
             if self.stopped() {
