@@ -62,8 +62,11 @@ pub struct BenchArgs {
     #[arg(long)]
     scratch: Option<PathBuf>,
     /// Run only the prompt-cache section (the 30-step loop against the caching stub).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "inbox_only")]
     prompt_cache_only: bool,
+    /// Run only the inbox sections (throughput and wake-up latency).
+    #[arg(long)]
+    inbox_only: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -149,8 +152,17 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
         ] {
             let r = bench::inbox_throughput(scratch, writers, a.messages, d, drain, &cmd)?;
             eprintln!(
-                "inbox {:?} drain={:?} writers={} {:.0} msgs/s lost={} dup={}",
-                r.discipline, r.drain, r.writers, r.msgs_per_sec, r.lost, r.duplicates
+                "inbox {:?} drain={:?} writers={} {:.0} msgs/s lost={} dup={} \
+                 (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
+                r.discipline,
+                r.drain,
+                r.writers,
+                r.msgs_per_sec,
+                r.lost,
+                r.duplicates,
+                r.writer_cpu_us_per_msg,
+                r.consumer_cpu_us_per_msg,
+                r.drains
             );
             throughput.push(r);
         }
@@ -181,6 +193,27 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     wake_json["send_to_drained"] = serde_json::to_value(&wake.send_to_drained)?;
     wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
 
+    if a.inbox_only {
+        let mut doc = json!({
+            "machine": machine(scratch),
+            "git_commit": git_commit(),
+            "git_dirty": git_dirty(),
+            "settings": {"messages_per_writer": a.messages, "wake_samples": a.wake_samples},
+            "inbox_throughput": throughput,
+            "wake_latency": wake_json,
+        });
+        let mut t = targets(&doc);
+        if let Some(t) = t.as_object_mut() {
+            t.retain(|k, _| {
+                ["throughput", "wake", "send_to"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            });
+        }
+        doc["targets"] = t;
+        doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
+        return Ok(doc);
+    }
     let bash_json = section(bash_round_trip(scratch));
     let cache_json = section(prompt_cache(exe, scratch));
 

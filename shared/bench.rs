@@ -64,6 +64,24 @@ pub struct ThroughputResult {
     pub duplicates: u64,
     pub seconds: f64,
     pub msgs_per_sec: f64,
+    /// CPU time (user + system) the consumer spent per message delivered, in microseconds.
+    pub consumer_cpu_us_per_msg: f64,
+    /// CPU time the writer processes spent per message sent, in microseconds.
+    pub writer_cpu_us_per_msg: f64,
+    /// How many drains the consumer ran (the mean batch is `delivered / drains`).
+    pub drains: u64,
+}
+
+/// CPU time (user + system) used so far by `who` (`RUSAGE_THREAD`, or `RUSAGE_CHILDREN` for
+/// the children waited for), in seconds.
+fn cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::getrusage(who, &mut ru);
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// Pause between the bench consumer's drains.
@@ -180,13 +198,17 @@ pub fn inbox_throughput(
             }
         }
     };
+    let children_before = cpu_seconds(libc::RUSAGE_CHILDREN);
     std::fs::write(&go, b"").map_err(Error::io("write", &go))?;
     let start = Instant::now();
+    let consumer_before = cpu_seconds(libc::RUSAGE_THREAD);
     let mut done = false;
+    let mut drains = 0u64;
     while !done {
         done = kids
             .iter_mut()
             .all(|k| k.try_wait().ok().flatten().is_some());
+        drains += 1;
         match discipline {
             Discipline::Troupe => count(inbox.drain(&mut journal)?),
             Discipline::Naive => count(naive_drain(inbox.path())?),
@@ -205,6 +227,7 @@ pub fn inbox_throughput(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    let consumer_cpu = cpu_seconds(libc::RUSAGE_THREAD) - consumer_before;
     for k in &mut kids {
         let status = k
             .wait()
@@ -213,6 +236,7 @@ pub fn inbox_throughput(
             return Err(Error::Protocol(format!("bench writer failed: {status}")));
         }
     }
+    let writer_cpu = cpu_seconds(libc::RUSAGE_CHILDREN) - children_before;
     let sent = writers as u64 * per_writer;
     let unique = delivered - duplicates;
     let _ = std::fs::remove_dir_all(&root);
@@ -226,6 +250,9 @@ pub fn inbox_throughput(
         duplicates,
         seconds,
         msgs_per_sec: unique as f64 / seconds,
+        consumer_cpu_us_per_msg: round3(consumer_cpu * 1e6 / delivered.max(1) as f64),
+        writer_cpu_us_per_msg: round3(writer_cpu * 1e6 / sent.max(1) as f64),
+        drains,
     })
 }
 

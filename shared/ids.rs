@@ -123,6 +123,14 @@ impl IdSet {
         }
     }
 
+    /// Takes `id` out; false if it was not there.
+    pub fn remove(&mut self, id: &str) -> bool {
+        match pack(id) {
+            Some(u) => self.packed.remove(&u),
+            None => self.other.remove(id),
+        }
+    }
+
     pub fn contains(&self, id: &str) -> bool {
         match pack(id) {
             Some(u) => self.packed.contains(&u),
@@ -189,6 +197,13 @@ impl std::hash::BuildHasher for IdHashBuilder {
 pub struct IdHasher(u64);
 
 impl std::hash::Hasher for IdHasher {
+    /// A packed uuid: its two halves, no byte loop.
+    fn write_u128(&mut self, v: u128) {
+        for word in [v as u64, (v >> 64) as u64] {
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+
     fn write(&mut self, bytes: &[u8]) {
         for chunk in bytes.chunks(8) {
             let mut word = [0u8; 8];

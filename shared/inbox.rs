@@ -14,7 +14,7 @@
 //!   2. with no lock of the writers', parses them, sets bad lines aside and records the new
 //!      messages in the consumer's [`Journal`] (fsynced);
 //!   3. under the writers' lock again, marks them consumed: if nothing arrived meanwhile, the
-//!      offset is made 0 (durably) and the file truncated; if something did, the offset moves to
+//!      offset is made 0 and the file truncated; if something did, the offset moves to
 //!      where the read ended. Once the consumed part passes [`reclaim_at`], the drain instead
 //!      consumes what arrived too, still under the lock, and truncates: under a steady stream the
 //!      file still shrinks, at the cost of one journal sync under the lock per reclaim.
@@ -22,12 +22,12 @@
 //!   Crash points ([`DrainPoint`]): a drainer killed after the read, after the journal, after
 //!   the offset reset or after the mark leaves an offset that is never past an unjournaled
 //!   line, so the next drain reads again at most what the journal already holds, and skips it
-//!   by id: nothing lost, nothing repeated. The offset is written without a sync when it moves
-//!   forward (an older one after a power loss means reading again, not losing), and with one
-//!   before a truncate (a truncate that reached the disk without its offset reset would make
-//!   the next drain skip new lines). An offset past the end of the file, or unreadable, counts
-//!   as 0, and a drainer's first drain (a worker after its restart) reads from the start of the
-//!   file whatever the offset says: a damaged offset file costs a re-read, never a message.
+//!   by id: nothing lost, nothing repeated. The offset is never synced: within one boot the
+//!   page cache shows every process the offset and the truncate in the order they were made,
+//!   and after a power loss (which also ends every drainer) a drainer's first drain reads from
+//!   the start of the file whatever the offset says, as it does after any restart. So an
+//!   offset that is stale, damaged, unreadable or past the end of the file (which counts as 0)
+//!   costs a re-read that the journal dedups, never a message.
 //! - **Bad lines** (not JSON, missing fields, unknown type) are moved to `NAME.corrupt.jsonl`
 //!   with an event; the rest of the batch is still delivered. (A drainer killed between setting
 //!   lines aside and marking them consumed sets them aside again.)
@@ -36,7 +36,6 @@
 //!
 //! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -49,7 +48,6 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::events;
 use crate::fsutil::{self, LockGuard};
-use crate::ids::IdHashBuilder;
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
 use crate::transcript::Journal;
@@ -135,7 +133,7 @@ impl Inbox {
 
     /// Reads the inbox without changing it (shared lock). Bad lines are skipped, not moved.
     pub fn peek(&self) -> Result<Vec<Message>> {
-        let Some((lock, mut file)) = self.open_existing()? else {
+        let Some((lock, file)) = self.open_existing()? else {
             return Ok(Vec::new());
         };
         let _guard = fsutil::lock_shared(&lock, &self.lock_path)?;
@@ -143,11 +141,9 @@ impl Inbox {
             .metadata()
             .map_err(Error::io("stat inbox", &self.path))?
             .len();
-        let buf = read_from(&mut file, consumed(&self.offset_path, size), &self.path)?;
-        let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        Ok(buf[..complete]
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
+        let buf = read_range(&file, consumed(&self.offset_path, size), size, &self.path)?;
+        let complete = memchr::memrchr(b'\n', &buf).map_or(0, |i| i + 1);
+        Ok(lines(&buf[..complete])
             .filter_map(|l| Message::parse_line(l).ok())
             .collect())
     }
@@ -180,14 +176,16 @@ impl Inbox {
         journal: &mut Journal,
         mut at: impl FnMut(DrainPoint, &[Message]),
     ) -> Result<Vec<Message>> {
-        let Some((lock, mut file)) = self.open_existing()? else {
+        let Some((lock, file)) = self.open_existing()? else {
             return Ok(Vec::new());
         };
         let drain_lock = fsutil::open_lock(&self.drain_lock_path)?;
         let _drainer = fsutil::lock_exclusive(&drain_lock, &self.drain_lock_path)?;
         let mut offset = Offset::open(&self.offset_path)?;
-        // 1. What is there, read under the writers' lock.
-        let (end, buf) = {
+        // 1. Where the file ends, under the writers' lock: no writer is mid-write then, so every
+        // byte before that end is whole and stays as it is (only a drainer, holding the drain
+        // lock as we do, ever cuts the file). It is read after the lock is let go.
+        let (start, end) = {
             let _writers = fsutil::lock_exclusive(&lock, &self.lock_path)?;
             let size = file
                 .metadata()
@@ -208,11 +206,11 @@ impl Inbox {
                 }
                 return Ok(Vec::new());
             }
-            (size, read_from(&mut file, start, &self.path)?)
+            (start, size)
         };
+        let buf = read_range(&file, start, end, &self.path)?;
         at(DrainPoint::Read, &[]);
         // 2. Parsed and journaled with the writers free to append.
-        journal.refresh()?;
         let mut fresh = self.consume(&buf, journal)?;
         at(DrainPoint::Journaled, &fresh);
         // 3. Marked consumed, under the writers' lock.
@@ -224,7 +222,7 @@ impl Inbox {
         if size == end || end >= reclaim_at(self.cap) {
             if size > end {
                 // Reclaim under a steady stream: what arrived meanwhile is consumed here too.
-                let more = read_from(&mut file, end, &self.path)?;
+                let more = read_range(&file, end, size, &self.path)?;
                 fresh.extend(self.consume(&more, journal)?);
                 at(DrainPoint::Journaled, &fresh);
             }
@@ -246,33 +244,16 @@ impl Inbox {
         if buf.is_empty() {
             return Ok(Vec::new());
         }
-        let complete = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let mut parsed: Vec<(&[u8], Message)> = Vec::new();
+        let complete = memchr::memrchr(b'\n', buf).map_or(0, |i| i + 1);
+        let mut parsed: Vec<(&[u8], Message)> =
+            Vec::with_capacity(memchr::memchr_iter(b'\n', &buf[..complete]).count());
         let mut corrupt: Vec<(&[u8], String)> = Vec::new();
-        for line in buf[..complete].split(|&b| b == b'\n') {
-            if line.is_empty() {
-                continue;
-            }
+        for line in lines(&buf[..complete]) {
             match Message::parse_line(line) {
                 Ok(msg) => parsed.push((line, msg)),
                 Err(why) => corrupt.push((line, describe_bad_line(line, why))),
             }
         }
-        // New to the journal, and the same id twice in one batch (a sender that retried): the
-        // first. (Borrowed ids: no copy per message.)
-        let keep: Vec<bool> = {
-            let mut batch: HashSet<&str, IdHashBuilder> =
-                HashSet::with_capacity_and_hasher(parsed.len(), IdHashBuilder::default());
-            parsed
-                .iter()
-                .map(|(_, m)| !journal.has_seen(&m.id) && batch.insert(m.id.as_str()))
-                .collect()
-        };
-        let fresh: Vec<(&[u8], Message)> = parsed
-            .into_iter()
-            .zip(keep)
-            .filter_map(|(p, k)| k.then_some(p))
-            .collect();
         if complete < buf.len() {
             // Read under the writers' lock, so no writer was mid-write: an unterminated tail is
             // a fragment of a writer that died.
@@ -281,9 +262,16 @@ impl Inbox {
         if !corrupt.is_empty() {
             self.set_aside(&corrupt)?;
         }
-        let raw: Vec<(&[u8], &str)> = fresh.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
-        journal.append_inbox_lines(&raw)?;
-        Ok(fresh.into_iter().map(|(_, m)| m).collect())
+        // New to the journal, and the same id twice in one batch (a sender that retried): the
+        // first, as the journal tells. (Borrowed ids: no copy per message.)
+        let raw: Vec<(&[u8], &str)> = parsed.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
+        let keep = journal.append_inbox_lines(&raw)?;
+        drop(raw);
+        Ok(parsed
+            .into_iter()
+            .zip(keep)
+            .filter_map(|((_, m), k)| k.then_some(m))
+            .collect())
     }
 
     fn open_existing(&self) -> Result<Option<(File, File)>> {
@@ -361,7 +349,7 @@ pub enum DrainPoint {
     Read,
     /// The new messages are in the journal (fsynced); the inbox does not say so yet.
     Journaled,
-    /// The offset is 0 (durably); the file is about to be truncated.
+    /// The offset is 0; the file is about to be truncated.
     Reset,
     /// The drain is done: the offset or the truncate says what was consumed.
     Marked,
@@ -417,17 +405,17 @@ impl Offset {
         Ok(())
     }
 
-    /// Makes the offset 0 on the disk, before a truncate.
+    /// Makes the offset 0, before a truncate. No sync, as for [`Offset::set`]: after a power
+    /// loss every drainer is a new one, whose first drain reads from the start of the file
+    /// whatever this says. (Kept under the writers' lock, a sync here stalled every sender for
+    /// a disk flush on each drain that found nothing new behind it.)
     fn reset(&mut self) -> Result<()> {
-        // 0 is only ever written by a reset, which syncs it (or the file is new or unreadable,
-        // which reads as 0 before and after a power loss alike).
         if self.value == 0 {
             return Ok(());
         }
         self.file
             .write_all_at(format!("{:020}\n", 0).as_bytes(), 0)
             .map_err(Error::io("write", &self.path))?;
-        fsutil::sync_data(&self.file, &self.path)?;
         self.value = 0;
         Ok(())
     }
@@ -451,15 +439,10 @@ fn consumed(path: &Path, size: u64) -> u64 {
     if v > size { 0 } else { v }
 }
 
-/// The bytes of `file` from `start` to its end, read into a buffer of the size the file says
-/// (one `pread` as a rule, no growing and copying). Callers hold the writers' lock, so the
-/// file does not grow meanwhile.
-fn read_from(file: &mut File, start: u64, path: &Path) -> Result<Vec<u8>> {
-    let size = file
-        .metadata()
-        .map_err(Error::io("stat inbox", path))?
-        .len();
-    let mut buf = vec![0u8; size.saturating_sub(start) as usize];
+/// The bytes of `file` from `start` to `end`, read into a buffer of that size (one `pread` as
+/// a rule, no growing and copying). Callers know the range is whole and stays so.
+fn read_range(file: &File, start: u64, end: u64, path: &Path) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; end.saturating_sub(start) as usize];
     let mut got = 0;
     while got < buf.len() {
         match file.read_at(&mut buf[got..], start + got as u64) {
@@ -471,6 +454,18 @@ fn read_from(file: &mut File, start: u64, path: &Path) -> Result<Vec<u8>> {
     }
     buf.truncate(got);
     Ok(buf)
+}
+
+/// The non-empty `\n`-terminated lines of `buf` (whole lines only), without their `\n`.
+fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    memchr::memchr_iter(b'\n', buf)
+        .map(move |end| {
+            let line = &buf[start..end];
+            start = end + 1;
+            line
+        })
+        .filter(|l| !l.is_empty())
 }
 
 /// Why a torn fragment was set aside.
@@ -503,8 +498,11 @@ pub struct InboxWriter {
 impl InboxWriter {
     /// Appends one message (see [`Inbox::append`]).
     pub fn append(&mut self, msg: &Message, durability: Durability) -> Result<()> {
-        let line = msg.to_line()?;
-        self.append_line(&line, durability)
+        // Serialized straight into the reused buffer, behind the leading `\n`.
+        self.buf.clear();
+        self.buf.push(b'\n');
+        msg.write_line(&mut self.buf)?;
+        self.write_buf(durability)
     }
 
     /// Appends one pre-serialized line, which must end with `\n` and hold exactly one message.
@@ -520,10 +518,15 @@ impl InboxWriter {
     /// at most that much per writer.
     pub fn append_line(&mut self, line: &[u8], durability: Durability) -> Result<()> {
         debug_assert_eq!(line.last(), Some(&b'\n'));
-        let inbox = &self.inbox;
         self.buf.clear();
         self.buf.push(b'\n');
         self.buf.extend_from_slice(line);
+        self.write_buf(durability)
+    }
+
+    /// Writes `buf` (a leading `\n`, then one line) as [`InboxWriter::append_line`] says.
+    fn write_buf(&mut self, durability: Durability) -> Result<()> {
+        let inbox = &self.inbox;
         let guard: LockGuard<'_> = fsutil::lock_exclusive(&self.lock, &inbox.lock_path)?;
         let len = self.buf.len() as u64;
         if !self.checked_once || self.unchecked + len > inbox.cap / 64 {
@@ -598,6 +601,24 @@ mod tests {
         assert!(inbox.is_empty());
         assert!(inbox.drain(&mut j).unwrap().is_empty());
         assert_eq!(j.seen_count(), 2);
+    }
+
+    /// A sender that retried puts one id in the inbox twice: delivered and journaled once,
+    /// within a batch and across batches.
+    #[test]
+    fn one_id_twice_is_delivered_once() {
+        let (_t, team, inbox, mut j) = setup();
+        let a = msg("a");
+        let b = msg("b");
+        for m in [&a, &b, &a] {
+            inbox.append(m, Durability::ProcessCrash).unwrap();
+        }
+        assert_eq!(inbox.drain(&mut j).unwrap(), vec![a.clone(), b.clone()]);
+        inbox.append(&b, Durability::ProcessCrash).unwrap();
+        assert!(inbox.drain(&mut j).unwrap().is_empty());
+        assert_eq!(j.seen_count(), 2);
+        let journaled = crate::transcript::read_entries(&team.transcript(inbox.name())).unwrap();
+        assert_eq!(journaled.len(), 2, "{journaled:?}");
     }
 
     #[test]

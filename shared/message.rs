@@ -143,15 +143,30 @@ impl Message {
 
     /// The message as one JSON line, `\n` included, refused if over [`MAX_MESSAGE_BYTES`].
     pub fn to_line(&self) -> Result<Vec<u8>> {
-        let mut line = serde_json::to_vec(self).map_err(|e| Error::Protocol(e.to_string()))?;
-        line.push(b'\n');
-        if line.len() > MAX_MESSAGE_BYTES {
+        let mut line = Vec::new();
+        self.write_line(&mut line)?;
+        Ok(line)
+    }
+
+    /// Appends [`Message::to_line`] to `buf` (a buffer reused across messages); on an error
+    /// `buf` is as it was.
+    pub fn write_line(&self, buf: &mut Vec<u8>) -> Result<()> {
+        let start = buf.len();
+        let written = serde_json::to_writer(&mut *buf, self);
+        buf.push(b'\n');
+        let size = buf.len() - start;
+        if let Err(e) = written {
+            buf.truncate(start);
+            return Err(Error::Protocol(e.to_string()));
+        }
+        if size > MAX_MESSAGE_BYTES {
+            buf.truncate(start);
             return Err(Error::MessageTooLarge {
-                size: line.len(),
+                size,
                 limit: MAX_MESSAGE_BYTES,
             });
         }
-        Ok(line)
+        Ok(())
     }
 
     /// Parses one inbox line (without its `\n`). Fails on anything that is not a whole, valid

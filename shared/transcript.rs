@@ -276,31 +276,46 @@ impl Journal {
     }
 
     /// Journals consumed inbox messages from their raw lines, as [`Entry::Inbox`] entries, with
-    /// one write and one fdatasync. Each item is `(raw, id)`: `raw` is the message's JSON object
-    /// exactly as it stood in the inbox (validated by the caller, no newline), so the journal
-    /// keeps the full envelope and the drain does not serialize every message again.
-    pub fn append_inbox_lines(&mut self, items: &[(&[u8], &str)]) -> Result<()> {
+    /// one write and one fdatasync, skipping those it holds already (and the second of one id
+    /// twice in `items`); returns, per item, whether it was new and so journaled. Each item is
+    /// `(raw, id)`: `raw` is the message's JSON object exactly as it stood in the inbox
+    /// (validated by the caller, no newline), so the journal keeps the full envelope and the
+    /// drain does not serialize every message again.
+    ///
+    /// One look at the set of seen ids per message: each id goes in before the write, and the
+    /// new ones come out again if the write fails, so a failure marks nothing seen.
+    pub fn append_inbox_lines(&mut self, items: &[(&[u8], &str)]) -> Result<Vec<bool>> {
         self.check_poisoned()?;
         if items.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
+        // What another consumer of this journal wrote counts as seen.
+        self.refresh()?;
+        let fresh: Vec<bool> = items.iter().map(|(_, id)| self.seen.insert(id)).collect();
         const HEAD: &[u8] = INBOX_HEAD;
         let mut buf = Vec::with_capacity(
             items
                 .iter()
-                .map(|(raw, _)| raw.len() + HEAD.len() + 2)
+                .zip(&fresh)
+                .filter(|(_, f)| **f)
+                .map(|((raw, _), _)| raw.len() + HEAD.len() + 2)
                 .sum(),
         );
-        for (raw, _) in items {
+        if buf.capacity() == 0 {
+            return Ok(fresh);
+        }
+        for ((raw, _), _) in items.iter().zip(&fresh).filter(|(_, f)| **f) {
             buf.extend_from_slice(HEAD);
             buf.extend_from_slice(raw);
             buf.extend_from_slice(b"}\n");
         }
-        self.write_synced(&buf)?;
-        for (_, id) in items {
-            self.seen.insert(id);
+        if let Err(e) = self.write_synced(&buf) {
+            for ((_, id), _) in items.iter().zip(&fresh).filter(|(_, f)| **f) {
+                self.seen.remove(id);
+            }
+            return Err(e);
         }
-        Ok(())
+        Ok(fresh)
     }
 
     /// Reads the last byte of the file (used by tests to check termination).

@@ -5,6 +5,12 @@
 //! wants to be woken by (a signal pipe, say). Watching the file rather than the whole `inbox/`
 //! directory keeps a write to one teammate's inbox from waking every other teammate.
 //!
+//! The watch exists only while the waiter sleeps: it is added when a wait finds the inbox
+//! empty (which is then looked at again, so a message that arrived in between is not missed)
+//! and removed when the wait returns. While its owner is busy (a model call, a drain), a watch
+//! would make every sender's append queue an event nobody reads: a third of the cost of an
+//! append's `write` under a steady stream.
+//!
 //! Where inotify is unavailable (for example `fs.inotify.max_user_instances` is exhausted by a
 //! large team), it falls back to polling the file's size with a backoff from 1 ms to 50 ms, so a
 //! wake-up is still quick and an idle agent still costs almost nothing.
@@ -14,7 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 use crate::error::Result;
 use crate::fsutil;
@@ -37,6 +43,8 @@ pub struct InboxWaiter {
     inbox: Inbox,
     path: PathBuf,
     notify: Option<Inotify>,
+    /// The watch on the inbox, while a wait sleeps.
+    watch: Option<WatchDescriptor>,
 }
 
 const FALLBACK_MIN: Duration = Duration::from_millis(1);
@@ -50,40 +58,62 @@ impl InboxWaiter {
             fsutil::create_dir(dir)?;
         }
         drop(fsutil::open_append(&path)?);
-        let notify = if std::env::var_os("TROUPE_NO_INOTIFY").is_some() {
-            None
-        } else {
-            Self::watch(&path)
-        };
-        Ok(InboxWaiter {
+        let mut waiter = InboxWaiter {
             inbox: inbox.clone(),
             path,
-            notify,
-        })
+            notify: None,
+            watch: None,
+        };
+        if std::env::var_os("TROUPE_NO_INOTIFY").is_none() {
+            match Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) {
+                Ok(n) => waiter.notify = Some(n),
+                Err(e) => {
+                    tracing::warn!("inotify unavailable ({e}); falling back to polling the inbox")
+                }
+            }
+            // Tried once now, so that a file that cannot be watched falls back at once.
+            waiter.add_watch();
+            waiter.remove_watch();
+        }
+        Ok(waiter)
     }
 
-    fn watch(path: &std::path::Path) -> Option<Inotify> {
-        let notify = match Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("inotify unavailable ({e}); falling back to polling the inbox");
-                return None;
+    /// Puts the watch on the inbox (if inotify is in use and it is not there yet), then throws
+    /// away queued events: whatever they announced, the caller looks at the inbox next. A
+    /// file that cannot be watched turns the waiter to polling.
+    fn add_watch(&mut self) {
+        let Some(n) = &self.notify else { return };
+        if self.watch.is_none() {
+            let flags = AddWatchFlags::IN_MODIFY
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_ATTRIB
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF;
+            match n.add_watch(&self.path, flags) {
+                Ok(wd) => self.watch = Some(wd),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot watch {} ({e}); falling back to polling",
+                        self.path.display()
+                    );
+                    self.notify = None;
+                    return;
+                }
             }
-        };
-        let flags = AddWatchFlags::IN_MODIFY
-            | AddWatchFlags::IN_CLOSE_WRITE
-            | AddWatchFlags::IN_ATTRIB
-            | AddWatchFlags::IN_DELETE_SELF
-            | AddWatchFlags::IN_MOVE_SELF;
-        match notify.add_watch(path, flags) {
-            Ok(_) => Some(notify),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot watch {} ({e}); falling back to polling",
-                    path.display()
-                );
-                None
+        }
+        while let Ok(evs) = n.read_events() {
+            if evs.is_empty() {
+                break;
             }
+        }
+    }
+
+    /// Takes the watch off the inbox, so that appends stop queuing events while the owner is
+    /// busy elsewhere.
+    fn remove_watch(&mut self) {
+        if let (Some(n), Some(wd)) = (&self.notify, self.watch.take()) {
+            // Fails only if the watch is gone already (the file was deleted).
+            let _ = n.rm_watch(wd);
         }
     }
 
@@ -100,9 +130,23 @@ impl InboxWaiter {
     /// Blocks until the inbox holds data, one of `extra` is readable, or `timeout` passes
     /// (`None`: no timeout). Returns at once if the inbox already holds data.
     pub fn wait(&mut self, timeout: Option<Duration>, extra: &[BorrowedFd<'_>]) -> Result<Wake> {
+        if self.has_data() {
+            return Ok(Wake::Message);
+        }
+        let woke = self.wait_watched(timeout, extra);
+        self.remove_watch();
+        woke
+    }
+
+    fn wait_watched(
+        &mut self,
+        timeout: Option<Duration>,
+        extra: &[BorrowedFd<'_>],
+    ) -> Result<Wake> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut backoff = FALLBACK_MIN;
         loop {
+            self.add_watch();
             if self.has_data() {
                 return Ok(Wake::Message);
             }
@@ -160,10 +204,12 @@ impl InboxWaiter {
             }
             drop(fds);
             if poll_failed {
+                self.watch = None;
                 self.notify = None;
             } else if rewatch {
+                // The file is gone or moved: a new one, watched on the next turn.
+                self.remove_watch();
                 drop(fsutil::open_append(&self.path)?);
-                self.notify = Self::watch(&self.path);
             }
             if external {
                 return Ok(Wake::External);
@@ -226,5 +272,70 @@ impl Signals {
     /// Readable once a signal has arrived.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.wake.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbox::Durability;
+    use crate::message::{Message, MessageType};
+    use crate::teamdir::{AgentName, TeamDir};
+    use std::os::fd::AsRawFd;
+
+    /// The watches the kernel holds for the waiter's inotify descriptor (one `inotify wd:` line
+    /// each in its fdinfo).
+    fn watches(w: &InboxWaiter) -> usize {
+        let fd = w
+            .notify
+            .as_ref()
+            .expect("inotify in use")
+            .as_fd()
+            .as_raw_fd();
+        std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("inotify wd:"))
+            .count()
+    }
+
+    /// A busy owner's inbox is not watched: appends then cost its senders no event. The watch
+    /// is there only while a wait sleeps, and a wait still wakes on an append.
+    #[test]
+    fn the_inbox_is_watched_only_while_a_wait_sleeps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let name = AgentName::teammate("alice").unwrap();
+        let inbox = Inbox::new(&team, &name);
+        let mut w = InboxWaiter::new(&inbox).unwrap();
+        assert!(w.uses_inotify());
+        assert_eq!(watches(&w), 0);
+        assert_eq!(
+            w.wait(Some(Duration::from_millis(20)), &[]).unwrap(),
+            Wake::Timeout
+        );
+        assert_eq!(watches(&w), 0, "a timed-out wait left its watch");
+        let sender = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                let m = Message::new(MessageType::Message, "lead", "alice", "hi");
+                inbox.append(&m, Durability::ProcessCrash).unwrap();
+            })
+        };
+        let t0 = Instant::now();
+        assert_eq!(
+            w.wait(Some(Duration::from_secs(10)), &[]).unwrap(),
+            Wake::Message
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "woken by the timeout, not the append"
+        );
+        sender.join().unwrap();
+        assert_eq!(watches(&w), 0, "a woken wait left its watch");
+        // With data waiting, a wait returns at once and adds no watch.
+        assert_eq!(w.wait(None, &[]).unwrap(), Wake::Message);
+        assert_eq!(watches(&w), 0);
     }
 }
