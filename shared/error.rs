@@ -70,6 +70,10 @@ pub enum Error {
     /// A file holds something that is not what it should be. The file is left untouched.
     #[error("failed to parse {}: {why}", path.display())]
     Corrupt { path: PathBuf, why: String },
+    /// The team bus (Redis) is misconfigured, unreachable or answered with an error. Never
+    /// carries the password.
+    #[error("bus {what}: {why}")]
+    Bus { what: String, why: String },
     /// The team directory path exists but is not a directory.
     #[error("team dir {} is not a directory", .0.display())]
     NotADirectory(PathBuf),

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod bus;
 pub mod config;
 pub mod cost;
 pub mod error;

@@ -8,4 +8,5 @@
 pub mod child;
 pub mod cli;
 pub mod fake_llm;
+pub mod redis_server;
 pub mod team;

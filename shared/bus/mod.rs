@@ -1,0 +1,228 @@
+//! Where the team's shared state lives when it is not (only) the team directory: a Redis 7 (or
+//! Valkey) server, so that teammates on several machines share inboxes (issue 15).
+//!
+//! A bus is named by a URL, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]` (or `rediss://`),
+//! given with `--bus` or `TROUPE_BUS`. The password is never part of it: a URL with one is
+//! refused, so that it cannot end up in a shell history, a process list or a unit file. It is
+//! read, in this order, from the file `TROUPE_BUS_PASSWORD_FILE` names, from the systemd
+//! credential `troupe-bus-password` (`$CREDENTIALS_DIRECTORY`), or from `TROUPE_BUS_PASSWORD`;
+//! a bus without one is refused too, because agents' tools can reach the server's port and the
+//! password is what keeps them from forging approvals or wiping inboxes. Nothing here writes it
+//! anywhere; [`RedisBus`]'s `Debug` and every error leave it out.
+//!
+//! Keys are `troupe:{TEAM}:...`, so teams can share a server.
+
+mod redis_inbox;
+
+pub use redis_inbox::{RedisInbox, RedisWaiter};
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+
+use crate::error::{Error, Result};
+
+/// The environment variable naming the bus (as `--bus` does).
+pub const BUS_ENV: &str = "TROUPE_BUS";
+/// A file holding the bus password (first line).
+pub const PASSWORD_FILE_ENV: &str = "TROUPE_BUS_PASSWORD_FILE";
+/// The bus password itself (the last resort: the environment of a process is readable by the
+/// same user through `/proc`).
+pub const PASSWORD_ENV: &str = "TROUPE_BUS_PASSWORD";
+/// The name of the systemd credential holding the password (`LoadCredential=`).
+pub const CREDENTIAL: &str = "troupe-bus-password";
+
+/// A Redis bus: where it is, as whom, for which team.
+#[derive(Clone)]
+pub struct RedisBus {
+    info: redis::ConnectionInfo,
+    /// The URL as given (it holds no password).
+    url: String,
+    team: String,
+}
+
+impl fmt::Debug for RedisBus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBus")
+            .field("url", &self.url)
+            .field("team", &self.team)
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad(what: &str, why: impl Into<String>) -> Error {
+    Error::Bus {
+        what: what.to_owned(),
+        why: why.into(),
+    }
+}
+
+impl RedisBus {
+    /// The bus at `url`, with its password from the places the module docs list.
+    pub fn from_url(url: &str) -> Result<RedisBus> {
+        let password = password_from_env()?;
+        RedisBus::with_password(url, &password)
+    }
+
+    /// The bus at `url` with an explicit password (tests, and callers that read it elsewhere).
+    pub fn with_password(url: &str, password: &str) -> Result<RedisBus> {
+        let (base, team) = parse_url(url)?;
+        if password.is_empty() {
+            return Err(bad(
+                "password",
+                format!(
+                    "a Redis bus needs a password (an ACL user's): put it in a file named by \
+                     {PASSWORD_FILE_ENV}, in the systemd credential {CREDENTIAL}, or in \
+                     {PASSWORD_ENV}"
+                ),
+            ));
+        }
+        let info = base
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| bad(url, format!("not a Redis URL: {e}")))?;
+        let settings = info.redis_settings().clone().set_password(password);
+        Ok(RedisBus {
+            info: info.set_redis_settings(settings),
+            url: url.to_owned(),
+            team,
+        })
+    }
+
+    /// The URL as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The team's name on the server.
+    pub fn team(&self) -> &str {
+        &self.team
+    }
+
+    /// A key of this team: `troupe:{TEAM}:` and `rest`.
+    pub fn key(&self, rest: &str) -> String {
+        format!("troupe:{{{}}}:{rest}", self.team)
+    }
+
+    /// A new connection (authenticated), with `timeout` for connecting.
+    pub fn connect(&self, timeout: Duration) -> Result<redis::Connection> {
+        let client =
+            redis::Client::open(self.info.clone()).map_err(|e| bad(&self.url, e.to_string()))?;
+        client
+            .get_connection_with_timeout(timeout)
+            .map_err(|e| bad(&self.url, format!("cannot connect: {e}")))
+    }
+}
+
+/// Splits the team name off a bus URL and refuses one that carries a password or is not Redis.
+fn parse_url(url: &str) -> Result<(String, String)> {
+    let rest = url
+        .strip_prefix("redis://")
+        .or_else(|| url.strip_prefix("rediss://"))
+        .ok_or_else(|| {
+            bad(
+                url,
+                "expected redis://HOST[:PORT][/DB][?team=NAME] or rediss://",
+            )
+        })?;
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && userinfo.contains(':')
+    {
+        return Err(bad(
+            "URL",
+            format!(
+                "it holds a password, which would show in process lists and shell histories; \
+                 give the password in a file ({PASSWORD_FILE_ENV}), a systemd credential \
+                 ({CREDENTIAL}) or {PASSWORD_ENV} instead"
+            ),
+        ));
+    }
+    let mut team = "default".to_owned();
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("team", t)) if valid_team(t) => team = t.to_owned(),
+            Some(("team", t)) => {
+                return Err(bad(
+                    url,
+                    format!("team name {t:?}: use 1-64 of a-z, 0-9, '-', '_'"),
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    url,
+                    format!("unknown parameter {pair:?} (only team=NAME)"),
+                ));
+            }
+        }
+    }
+    Ok((base.to_owned(), team))
+}
+
+fn valid_team(t: &str) -> bool {
+    (1..=64).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// The password from the file, the systemd credential or the environment (in that order).
+fn password_from_env() -> Result<String> {
+    let first_line = |text: String| text.lines().next().unwrap_or("").trim_end().to_owned();
+    if let Some(path) = std::env::var_os(PASSWORD_FILE_ENV) {
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            bad(
+                "password",
+                format!(
+                    "cannot read {PASSWORD_FILE_ENV} ({}): {e}",
+                    path.to_string_lossy()
+                ),
+            )
+        })?;
+        return Ok(first_line(text));
+    }
+    if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+        let path = std::path::Path::new(&dir).join(CREDENTIAL);
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return Ok(first_line(text));
+        }
+    }
+    Ok(std::env::var(PASSWORD_ENV).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_with_a_password_are_refused_and_the_team_is_read() {
+        for url in [
+            "redis://:secret@localhost:6379",
+            "redis://troupe:secret@localhost/0?team=a",
+            "rediss://u:p@h",
+        ] {
+            let e = RedisBus::with_password(url, "pw").unwrap_err().to_string();
+            assert!(e.contains("holds a password"), "{url}: {e}");
+            assert!(!e.contains("secret"), "{e}");
+        }
+        let b = RedisBus::with_password("redis://troupe@127.0.0.1:7000/2?team=blue", "pw").unwrap();
+        assert_eq!(b.team(), "blue");
+        assert_eq!(b.key("inbox:alice"), "troupe:{blue}:inbox:alice");
+        assert_eq!(b.info.redis_settings().username(), Some("troupe"));
+        assert_eq!(b.info.redis_settings().db(), 2);
+        assert!(!format!("{b:?}").contains("pw"));
+        let d = RedisBus::with_password("redis://127.0.0.1", "pw").unwrap();
+        assert_eq!(d.team(), "default");
+        for url in ["http://x", "redis://h?team=Bad!", "redis://h?db=1"] {
+            assert!(RedisBus::with_password(url, "pw").is_err(), "{url}");
+        }
+        let e = RedisBus::with_password("redis://h", "")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a password"), "{e}");
+    }
+}

@@ -1,0 +1,489 @@
+//! An inbox on Redis Streams: the same guarantees as the file inbox (a message acknowledged to
+//! its sender is consumed exactly once across `kill -9` of anyone; back-pressure refuses, it
+//! never drops), on a server several machines share.
+//!
+//! - **Keys**: the stream `troupe:{TEAM}:inbox:NAME`, one entry per message (field `m`, the
+//!   message's JSON line), read through the consumer group `recipient` by the consumer
+//!   `drainer`; `troupe:{TEAM}:inbox:NAME:bytes` counts the bytes of the entries not consumed
+//!   yet, against the cap.
+//! - **Append**: one Lua script checks the count against the cap, adds the entry and counts it,
+//!   atomically. A refused message is not written. No `MAXLEN`: a stream is never trimmed.
+//! - **Drain**: reads first the entries delivered to the drainer but never acknowledged (a
+//!   drain cut short by a crash), then new ones (`XREADGROUP`); sets bad entries aside; records
+//!   the new messages in the consumer's journal (fsynced; ids it holds already are skipped);
+//!   then one Lua script acknowledges, deletes and uncounts them (uncounting only what it
+//!   deleted, so a script run twice after a lost reply counts nothing twice). Crash points
+//!   ([`crate::inbox::DrainPoint`]): killed after the read, the entries stay pending and the
+//!   next drain reads them again; killed after the journal, the same, and the journal skips
+//!   them by id; the script is all or nothing.
+//! - **Wait**: a blocking `XREAD` from the stream's last id (taken before looking at its
+//!   length, so an entry added in between wakes it at once), in slices of at most 50 ms so that
+//!   the caller's own descriptors (a signal pipe) are looked at too.
+//!
+//! The connection is kept across calls and opened again after an error.
+
+use std::os::fd::BorrowedFd;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use redis::Value;
+use serde_json::json;
+
+use super::RedisBus;
+use crate::error::{Error, Result};
+use crate::events;
+use crate::inbox::{DEFAULT_CAP, DrainPoint};
+use crate::message::Message;
+use crate::teamdir::{AgentName, TeamDir};
+use crate::transcript::Journal;
+use crate::wait::Wake;
+
+const GROUP: &str = "recipient";
+const CONSUMER: &str = "drainer";
+/// Entries read per `XREADGROUP`.
+const BATCH: usize = 10_000;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a blocking read lasts before the caller's descriptors are looked at.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// KEYS: stream, byte count. ARGV: line, its length, cap. Refuses with `FULL <bytes>`.
+const APPEND: &str = r"
+local used = tonumber(redis.call('GET', KEYS[2]) or '0')
+if used + tonumber(ARGV[2]) > tonumber(ARGV[3]) then
+  return redis.error_reply('FULL ' .. used)
+end
+redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
+return redis.call('INCRBY', KEYS[2], ARGV[2])
+";
+
+/// KEYS: stream, byte count. ARGV: group, then (entry id, its length) pairs. Acknowledges and
+/// deletes each entry and uncounts what it deleted: run again (a reply lost with the
+/// connection), it changes nothing more.
+const MARK: &str = r"
+for i = 2, #ARGV, 2 do
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+  if redis.call('XDEL', KEYS[1], ARGV[i]) == 1 then
+    redis.call('DECRBY', KEYS[2], ARGV[i + 1])
+  end
+end
+return 0
+";
+
+/// An inbox on a Redis bus.
+pub struct RedisInbox {
+    bus: RedisBus,
+    team: TeamDir,
+    name: AgentName,
+    stream: String,
+    bytes: String,
+    cap: u64,
+    conn: Mutex<Option<redis::Connection>>,
+    append: redis::Script,
+    mark: redis::Script,
+}
+
+impl std::fmt::Debug for RedisInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisInbox")
+            .field("bus", &self.bus)
+            .field("stream", &self.stream)
+            .field("cap", &self.cap)
+            .finish_non_exhaustive()
+    }
+}
+
+fn bus_err(what: &str, e: redis::RedisError) -> Error {
+    Error::Bus {
+        what: what.to_owned(),
+        why: e.to_string(),
+    }
+}
+
+impl RedisInbox {
+    /// The inbox of `name` on `bus`; `team` is the local team dir (events, bad entries set
+    /// aside).
+    pub fn new(bus: &RedisBus, team: &TeamDir, name: &AgentName) -> RedisInbox {
+        let stream = bus.key(&format!("inbox:{name}"));
+        RedisInbox {
+            bus: bus.clone(),
+            team: team.clone(),
+            name: name.clone(),
+            bytes: format!("{stream}:bytes"),
+            stream,
+            cap: DEFAULT_CAP,
+            conn: Mutex::new(None),
+            append: redis::Script::new(APPEND),
+            mark: redis::Script::new(MARK),
+        }
+    }
+
+    /// Sets the cap in bytes.
+    pub fn with_cap(mut self, cap: u64) -> RedisInbox {
+        self.cap = cap;
+        self
+    }
+
+    /// The owner's name.
+    pub fn name(&self) -> &AgentName {
+        &self.name
+    }
+
+    /// Runs `f` on the connection, opening it if needed; a failed call drops the connection
+    /// (the next call opens a new one) and is retried once when it failed on the connection
+    /// itself, not on what the server said.
+    fn with_conn<T>(
+        &self,
+        what: &str,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        for attempt in 0..2 {
+            if guard.is_none() {
+                *guard = Some(self.bus.connect(CONNECT_TIMEOUT)?);
+            }
+            let conn = guard.as_mut().expect("just opened");
+            match f(conn) {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    // The server's own refusals leave the connection as it was.
+                    let broken = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
+                    if broken {
+                        *guard = None;
+                    }
+                    if attempt == 1 || !broken {
+                        return Err(bus_err(what, e));
+                    }
+                }
+            }
+        }
+        unreachable!("two attempts")
+    }
+
+    /// Creates the stream and its group if they do not exist.
+    fn ensure_group(&self) -> Result<()> {
+        self.with_conn("create inbox group", |c| {
+            match redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&self.stream)
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query::<()>(c)
+            {
+                Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+                r => r,
+            }
+        })
+    }
+
+    /// Appends one message: refused if it is too large or the inbox is at its cap, and then
+    /// nothing is written. Durable as the server's `appendfsync` makes it.
+    pub fn append(&self, msg: &Message) -> Result<()> {
+        let mut line = msg.to_line()?;
+        line.pop();
+        let len = line.len() as u64;
+        // Ok(Err(bytes)) is the script's refusal: the inbox holds `bytes` already.
+        let r = self.with_conn("append", |c| {
+            match self
+                .append
+                .key(&self.stream)
+                .key(&self.bytes)
+                .arg(&line[..])
+                .arg(len)
+                .arg(self.cap)
+                .invoke::<i64>(c)
+            {
+                Ok(_) => Ok(Ok(())),
+                Err(e) if e.code() == Some("FULL") => Ok(Err(e
+                    .detail()
+                    .and_then(|d| d.trim().parse().ok())
+                    .unwrap_or(self.cap))),
+                Err(e) => Err(e),
+            }
+        })?;
+        r.map_err(|size| Error::InboxFull {
+            name: self.name.to_string(),
+            size,
+            cap: self.cap,
+        })
+    }
+
+    /// Bytes not consumed yet.
+    pub fn len(&self) -> Result<u64> {
+        self.with_conn("read inbox size", |c| {
+            redis::cmd("GET")
+                .arg(&self.bytes)
+                .query::<Option<u64>>(c)
+                .map(|v| v.unwrap_or(0))
+        })
+    }
+
+    /// Whether no entry waits (consumed entries are deleted).
+    pub fn is_empty(&self) -> Result<bool> {
+        self.with_conn("read inbox length", |c| {
+            redis::cmd("XLEN").arg(&self.stream).query::<u64>(c)
+        })
+        .map(|n| n == 0)
+    }
+
+    /// The messages waiting, without consuming them. Bad entries are skipped.
+    pub fn peek(&self) -> Result<Vec<Message>> {
+        let v: Value = self.with_conn("peek", |c| {
+            redis::cmd("XRANGE")
+                .arg(&self.stream)
+                .arg("-")
+                .arg("+")
+                .query(c)
+        })?;
+        Ok(entries(&v)
+            .into_iter()
+            .filter_map(|(_, line)| Message::parse_line(line?).ok())
+            .collect())
+    }
+
+    /// Drains into `journal`, returning the messages new to it (see the module docs).
+    pub fn drain(&self, journal: &mut Journal) -> Result<Vec<Message>> {
+        self.drain_with(journal, |_, _| {})
+    }
+
+    /// [`RedisInbox::drain`] with a hook at each crash point (tests die there).
+    pub fn drain_with(
+        &self,
+        journal: &mut Journal,
+        mut at: impl FnMut(DrainPoint, &[Message]),
+    ) -> Result<Vec<Message>> {
+        self.ensure_group()?;
+        let mut fresh = Vec::new();
+        // "0": what was delivered to the drainer and never acknowledged; ">": new entries.
+        for start in ["0", ">"] {
+            loop {
+                let v: Value = self.with_conn("drain", |c| {
+                    redis::cmd("XREADGROUP")
+                        .arg("GROUP")
+                        .arg(GROUP)
+                        .arg(CONSUMER)
+                        .arg("COUNT")
+                        .arg(BATCH)
+                        .arg("STREAMS")
+                        .arg(&self.stream)
+                        .arg(start)
+                        .query(c)
+                })?;
+                let batch = stream_entries(&v);
+                if batch.is_empty() {
+                    break;
+                }
+                at(DrainPoint::Read, &fresh);
+                let n = batch.len();
+                fresh.extend(self.consume(&batch, journal)?);
+                at(DrainPoint::Journaled, &fresh);
+                self.with_conn("mark consumed", |c| {
+                    let mut call = self.mark.key(&self.stream);
+                    call.key(&self.bytes).arg(GROUP);
+                    for (id, line) in &batch {
+                        call.arg(*id).arg(line.map_or(0, <[u8]>::len));
+                    }
+                    call.invoke::<i64>(c)
+                })?;
+                at(DrainPoint::Marked, &fresh);
+                if n < BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Parses a batch, sets bad entries aside and journals the new messages; returns them.
+    fn consume(
+        &self,
+        batch: &[(&str, Option<&[u8]>)],
+        journal: &mut Journal,
+    ) -> Result<Vec<Message>> {
+        let mut parsed: Vec<(&[u8], Message)> = Vec::with_capacity(batch.len());
+        let mut bad = Vec::new();
+        for (id, line) in batch {
+            // An entry without its field was deleted under a pending read: nothing to deliver.
+            let Some(line) = line else { continue };
+            match Message::parse_line(line) {
+                Ok(m) => parsed.push((line, m)),
+                Err(why) => bad.push(json!({
+                    "entry": id,
+                    "reason": why,
+                    "line": String::from_utf8_lossy(line),
+                })),
+            }
+        }
+        if !bad.is_empty() {
+            self.set_aside(&bad)?;
+        }
+        let raw: Vec<(&[u8], &str)> = parsed.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
+        let keep = journal.append_inbox_lines(&raw)?;
+        drop(raw);
+        Ok(parsed
+            .into_iter()
+            .zip(keep)
+            .filter_map(|((_, m), k)| k.then_some(m))
+            .collect())
+    }
+
+    /// Records bad entries in the local `inbox/NAME.corrupt.jsonl` (fsynced) with an event.
+    fn set_aside(&self, bad: &[serde_json::Value]) -> Result<()> {
+        use std::io::Write;
+        let path = self.team.inbox_corrupt(&self.name);
+        crate::fsutil::create_dir(&self.team.inbox_dir())?;
+        let mut buf = Vec::new();
+        for rec in bad {
+            let mut rec = rec.clone();
+            rec["at"] = json!(crate::fsutil::now());
+            buf.extend(rec.to_string().into_bytes());
+            buf.push(b'\n');
+        }
+        let mut f = crate::fsutil::open_append(&path)?;
+        f.write_all(&buf).map_err(Error::io("append to", &path))?;
+        crate::fsutil::sync_data(&f, &path)?;
+        events::log(
+            &self.team,
+            "inbox_corrupt",
+            json!({"name": self.name, "lines": bad.len(), "bus": "redis"}),
+        );
+        Ok(())
+    }
+
+    /// A waiter for this inbox, on a connection of its own (a blocking read holds it).
+    pub fn waiter(&self) -> Result<RedisWaiter> {
+        self.ensure_group()?;
+        Ok(RedisWaiter {
+            inbox: RedisInbox::new(&self.bus, &self.team, &self.name),
+        })
+    }
+}
+
+/// Blocks until a Redis inbox holds an entry (see the module docs).
+#[derive(Debug)]
+pub struct RedisWaiter {
+    inbox: RedisInbox,
+}
+
+impl RedisWaiter {
+    /// As [`crate::wait::InboxWaiter::wait`]: returns at once if the inbox holds an entry.
+    pub fn wait(&mut self, timeout: Option<Duration>, extra: &[BorrowedFd<'_>]) -> Result<Wake> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let ib = &self.inbox;
+        loop {
+            // The last id first, then the length: an entry added after the first has a later
+            // id and wakes the read below at once.
+            let (info, len): (Value, u64) = ib.with_conn("wait", |c| {
+                redis::pipe()
+                    .cmd("XINFO")
+                    .arg("STREAM")
+                    .arg(&ib.stream)
+                    .cmd("XLEN")
+                    .arg(&ib.stream)
+                    .query(c)
+            })?;
+            if len > 0 {
+                return Ok(Wake::Message);
+            }
+            let last = last_generated_id(&info).unwrap_or_else(|| "0-0".to_owned());
+            let slice = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(r) if !r.is_zero() => r.min(WAIT_SLICE),
+                    _ => return Ok(Wake::Timeout),
+                },
+                None => WAIT_SLICE,
+            };
+            let got: Value = ib.with_conn("wait", |c| {
+                redis::cmd("XREAD")
+                    .arg("COUNT")
+                    .arg(1)
+                    .arg("BLOCK")
+                    .arg(slice.as_millis().max(1) as u64)
+                    .arg("STREAMS")
+                    .arg(&ib.stream)
+                    .arg(&last)
+                    .query(c)
+            })?;
+            if !matches!(got, Value::Nil) && !stream_entries(&got).is_empty() {
+                return Ok(Wake::Message);
+            }
+            if !extra.is_empty() {
+                let mut fds: Vec<PollFd<'_>> = extra
+                    .iter()
+                    .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+                    .collect();
+                if matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
+                    return Ok(Wake::External);
+                }
+            }
+        }
+    }
+}
+
+/// The `last-generated-id` of an `XINFO STREAM` reply (RESP2 flat array or RESP3 map).
+fn last_generated_id(v: &Value) -> Option<String> {
+    let pairs: Vec<(&Value, &Value)> = match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|p| Some((p.first()?, p.get(1)?)))
+            .collect(),
+        Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+        _ => return None,
+    };
+    pairs
+        .into_iter()
+        .find(|(k, _)| text(k) == Some("last-generated-id"))
+        .and_then(|(_, v)| text(v).map(str::to_owned))
+}
+
+fn text(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// The entries of an `XREAD`/`XREADGROUP` reply for one stream: `(id, field m)`.
+fn stream_entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
+    // RESP2: [[key, [entries]]]; RESP3: {key: [entries]}.
+    match v {
+        Value::Array(streams) => streams
+            .iter()
+            .filter_map(|s| match s {
+                Value::Array(kv) => kv.get(1),
+                _ => None,
+            })
+            .flat_map(entries)
+            .collect(),
+        Value::Map(m) => m.iter().flat_map(|(_, e)| entries(e)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `[[id, [field, value, ...]], ...]` as `(id, value of m)`; an entry deleted while pending
+/// comes back with no fields.
+fn entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|e| {
+            let Value::Array(pair) = e else { return None };
+            let id = text(pair.first()?)?;
+            let line = match pair.get(1) {
+                Some(Value::Array(fields)) => fields
+                    .chunks(2)
+                    .find(|f| f.first().and_then(text) == Some("m"))
+                    .and_then(|f| match f.get(1) {
+                        Some(Value::BulkString(b)) => Some(&b[..]),
+                        _ => None,
+                    }),
+                _ => None,
+            };
+            Some((id, line))
+        })
+        .collect()
+}

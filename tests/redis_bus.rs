@@ -1,0 +1,310 @@
+//! Issue 15, first part: an inbox on Redis Streams, against a real `redis-server` (started by
+//! the test on a free loopback port, with AUTH and `appendfsync always`). The same guarantees
+//! as the file inbox: a drainer killed at each crash point while writer processes append loses
+//! and repeats nothing; back-pressure refuses without writing; a waiter wakes on an append.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::child::{self, Rng};
+use support::redis_server::RedisServer;
+use troupe::bus::{PASSWORD_ENV, RedisBus, RedisInbox};
+use troupe::inbox::DrainPoint;
+use troupe::message::{Message, MessageType};
+use troupe::transcript::{Entry, Journal};
+use troupe::wait::Wake;
+use troupe::{AgentName, Error, TeamDir};
+
+fn alice() -> AgentName {
+    AgentName::teammate("alice").unwrap()
+}
+
+fn msg(text: &str) -> Message {
+    Message::new(MessageType::Message, "lead", "alice", text)
+}
+
+fn open_journal(team: &TeamDir) -> Journal {
+    let owner = Journal::try_own(team, &alice())
+        .unwrap()
+        .expect("no other owner");
+    Journal::open(team, &alice(), &owner).unwrap().0
+}
+
+/// In a child: the bus from BUS (password from the environment, as a user gives it).
+fn bus_from(vars: &HashMap<String, String>) -> RedisBus {
+    RedisBus::from_url(&vars["BUS"]).unwrap()
+}
+
+fn team_from(vars: &HashMap<String, String>) -> TeamDir {
+    TeamDir::open(PathBuf::from(&vars["TEAM"])).unwrap()
+}
+
+/// Appends until STOP exists, reporting `ok ID` for each acknowledged message.
+fn writer(vars: &HashMap<String, String>) {
+    let bus = bus_from(vars);
+    let team = team_from(vars);
+    let w = &vars["WRITER"];
+    let stop = PathBuf::from(&vars["STOP"]);
+    let inbox = RedisInbox::new(&bus, &team, &alice());
+    let mut seq = 0u64;
+    while !stop.exists() {
+        let m = msg(&format!("{w}:{seq}"));
+        inbox.append(&m).unwrap();
+        child::report(&format!("ok {}", m.id));
+        seq += 1;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Drains until the NTH time it reaches POINT and dies there by SIGKILL (gives up after 2 s).
+fn killed_drainer(vars: &HashMap<String, String>) {
+    let bus = bus_from(vars);
+    let team = team_from(vars);
+    let point = match vars["POINT"].as_str() {
+        "read" => DrainPoint::Read,
+        "journaled" => DrainPoint::Journaled,
+        _ => DrainPoint::Marked,
+    };
+    let nth: u64 = vars["NTH"].parse().unwrap();
+    let inbox = RedisInbox::new(&bus, &team, &alice());
+    let mut waiter = inbox.waiter().unwrap();
+    let mut journal = open_journal(&team);
+    let mut hits = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        waiter.wait(Some(Duration::from_millis(10)), &[]).unwrap();
+        inbox
+            .drain_with(&mut journal, |p, _| {
+                if p == point {
+                    hits += 1;
+                    if hits == nth {
+                        nix::sys::signal::kill(
+                            nix::unistd::getpid(),
+                            nix::sys::signal::Signal::SIGKILL,
+                        )
+                        .unwrap();
+                    }
+                }
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn child() {
+    child::dispatch(&[("writer", writer), ("killed_drainer", killed_drainer)]);
+}
+
+fn setup(server: &RedisServer, team_name: &str) -> (tempfile::TempDir, TeamDir, RedisBus) {
+    let tmp = tempfile::tempdir().unwrap();
+    let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+    let bus = RedisBus::with_password(&server.url(team_name), &server.password).unwrap();
+    (tmp, team, bus)
+}
+
+#[test]
+fn a_redis_inbox_delivers_once_and_refuses_at_its_cap() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let (_t, team, bus) = setup(&server, "once");
+    let inbox = RedisInbox::new(&bus, &team, &alice()).with_cap(1000);
+    let mut journal = open_journal(&team);
+    assert!(inbox.drain(&mut journal).unwrap().is_empty());
+    let (a, b) = (msg("a"), msg("b"));
+    for m in [&a, &b, &a] {
+        inbox.append(m).unwrap();
+    }
+    assert_eq!(inbox.peek().unwrap(), vec![a.clone(), b.clone(), a.clone()]);
+    assert!(inbox.len().unwrap() > 0);
+    // The same id twice: once.
+    assert_eq!(
+        inbox.drain(&mut journal).unwrap(),
+        vec![a.clone(), b.clone()]
+    );
+    assert!(inbox.is_empty().unwrap());
+    assert_eq!(inbox.len().unwrap(), 0);
+    inbox.append(&a).unwrap();
+    assert!(
+        inbox.drain(&mut journal).unwrap().is_empty(),
+        "a repeat of a consumed id"
+    );
+    // Back-pressure: refused, nothing written, and room again once drained.
+    let big = msg(&"x".repeat(600));
+    inbox.append(&big).unwrap();
+    let e = inbox.append(&msg(&"y".repeat(600))).unwrap_err();
+    assert!(matches!(e, Error::InboxFull { .. }), "{e}");
+    assert!(e.to_string().starts_with("inbox of alice is full"), "{e}");
+    assert_eq!(inbox.peek().unwrap(), vec![big.clone()]);
+    assert_eq!(inbox.drain(&mut journal).unwrap(), vec![big]);
+    inbox.append(&msg("fits now")).unwrap();
+    // A bad entry (written by hand) is set aside; the rest is delivered.
+    let mut conn = bus.connect(Duration::from_secs(5)).unwrap();
+    let stream = bus.key("inbox:alice");
+    redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("m")
+        .arg("not json")
+        .query::<String>(&mut conn)
+        .unwrap();
+    let got = inbox.drain(&mut journal).unwrap();
+    assert_eq!(got.len(), 1);
+    let corrupt = std::fs::read_to_string(team.inbox_corrupt(&alice())).unwrap();
+    assert!(corrupt.contains("not json"), "{corrupt}");
+    assert!(inbox.is_empty().unwrap());
+}
+
+#[test]
+fn a_wrong_password_is_refused_and_never_shown() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let bus = RedisBus::with_password(&server.url("pw"), "not-the-password").unwrap();
+    let Err(e) = bus.connect(Duration::from_secs(5)) else {
+        panic!("connected with a wrong password")
+    };
+    let e = e.to_string();
+    assert!(!e.contains("not-the-password"), "{e}");
+    assert!(e.contains("cannot connect"), "{e}");
+}
+
+#[test]
+fn a_waiter_wakes_on_an_append_and_times_out() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let (_t, team, bus) = setup(&server, "wake");
+    let inbox = RedisInbox::new(&bus, &team, &alice());
+    let mut waiter = inbox.waiter().unwrap();
+    let t0 = Instant::now();
+    assert_eq!(
+        waiter.wait(Some(Duration::from_millis(120)), &[]).unwrap(),
+        Wake::Timeout
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(120));
+    let sender = {
+        let (bus, team) = (bus.clone(), team.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            RedisInbox::new(&bus, &team, &alice())
+                .append(&msg("wake"))
+                .unwrap();
+        })
+    };
+    let t0 = Instant::now();
+    assert_eq!(
+        waiter.wait(Some(Duration::from_secs(10)), &[]).unwrap(),
+        Wake::Message
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    sender.join().unwrap();
+    let mut journal = open_journal(&team);
+    assert_eq!(inbox.drain(&mut journal).unwrap().len(), 1);
+}
+
+#[test]
+fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
+    const WRITERS: u64 = 3;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let (tmp, team, bus) = setup(&server, "kills");
+    let root = team.root().display().to_string();
+    let url = server.url("kills");
+    let stop = tmp.path().join("stop");
+    let env = |extra: &[(&'static str, String)]| -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("TEAM", root.clone()),
+            ("BUS", url.clone()),
+            (PASSWORD_ENV, server.password.clone()),
+        ];
+        v.extend(extra.iter().cloned());
+        v
+    };
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let mut c = child::spawn(
+                "writer",
+                &env(&[
+                    ("WRITER", w.to_string()),
+                    ("STOP", stop.display().to_string()),
+                ]),
+            );
+            let mut out = c.stdout.take().unwrap();
+            let acks = std::thread::spawn(move || {
+                let mut text = Vec::new();
+                std::io::Read::read_to_end(&mut out, &mut text).unwrap();
+                child::reports(&text, "ok ")
+            });
+            (c, acks)
+        })
+        .collect();
+    let mut rng = Rng::seeded();
+    let mut kills: HashMap<&str, u32> = HashMap::new();
+    let points = ["read", "journaled", "marked"];
+    for round in 0..30 {
+        let point = points[round % points.len()];
+        let out = child::spawn(
+            "killed_drainer",
+            &env(&[
+                ("POINT", point.into()),
+                ("NTH", rng.range(1, 5).to_string()),
+            ]),
+        )
+        .wait_with_output()
+        .unwrap();
+        if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(9) {
+            *kills.entry(point).or_default() += 1;
+        } else {
+            assert!(out.status.success(), "drainer failed: {:?}", out.status);
+        }
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let mut acked: HashSet<String> = HashSet::new();
+    for (mut w, acks) in writers {
+        assert!(w.wait().unwrap().success());
+        acked.extend(acks.join().unwrap());
+    }
+    assert!(acked.len() > 300, "the writers barely ran: {}", acked.len());
+    let inbox = RedisInbox::new(&bus, &team, &alice());
+    let mut journal = open_journal(&team);
+    inbox.drain(&mut journal).unwrap();
+    assert!(inbox.is_empty().unwrap());
+    assert_eq!(inbox.len().unwrap(), 0, "the byte count drifted");
+    drop(journal);
+    let got: Vec<(String, String)> = troupe::transcript::read_entries(&team.transcript(&alice()))
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Inbox { message } => Some((message.id, message.content)),
+            _ => None,
+        })
+        .collect();
+    let ids: HashSet<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), got.len(), "a message was consumed twice");
+    let missing = acked.iter().filter(|id| !ids.contains(id.as_str())).count();
+    assert_eq!(missing, 0, "{missing} acknowledged messages lost");
+    // Each writer's messages in its order.
+    let mut next = vec![0u64; WRITERS as usize];
+    for (_, body) in &got {
+        let (w, seq) = body.split_once(':').unwrap();
+        let (w, seq): (usize, u64) = (w.parse().unwrap(), seq.parse().unwrap());
+        assert!(seq >= next[w], "writer {w}: {seq} after {}", next[w]);
+        next[w] = seq + 1;
+    }
+    for p in points {
+        assert!(
+            kills.get(p).copied().unwrap_or(0) > 0,
+            "never killed at {p}: {kills:?}"
+        );
+    }
+    eprintln!(
+        "acked {} consumed {} kills {kills:?}",
+        acked.len(),
+        got.len()
+    );
+}
