@@ -31,6 +31,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use troupe::bench::{self, Discipline, DrainMode, Summary, round3};
+use troupe::bus::RedisBus;
 use troupe::config::{MemberStatus, Roster};
 use troupe::ops::{self, SpawnSpec};
 use troupe::{TeamDir, events, fsutil};
@@ -67,6 +68,14 @@ pub struct BenchArgs {
     /// Run only the inbox sections (throughput and wake-up latency).
     #[arg(long)]
     inbox_only: bool,
+    /// Also measure the inbox on this Redis bus (`redis://[USER@]HOST[:PORT][/DB]`; the
+    /// password from TROUPE_BUS_PASSWORD_FILE, the systemd credential or TROUPE_BUS_PASSWORD),
+    /// under throwaway team names `bench-PID-...`.
+    #[arg(long, env = "TROUPE_BUS")]
+    bus: Option<String>,
+    /// Messages each writer process appends in the Redis throughput runs.
+    #[arg(long, default_value_t = 20_000)]
+    redis_messages: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -81,15 +90,31 @@ pub struct WriterArgs {
     naive: bool,
     #[arg(long)]
     go: PathBuf,
+    /// Append to an inbox on this Redis bus, under team BUS_TEAM.
+    #[arg(long, requires = "bus_team")]
+    bus: Option<String>,
+    #[arg(long)]
+    bus_team: Option<String>,
+}
+
+/// The bus of a bench child process: `url` for team `team` (password from the environment).
+fn child_bus(url: Option<&str>, team: Option<&str>) -> anyhow::Result<Option<RedisBus>> {
+    match (url, team) {
+        (Some(u), Some(t)) => Ok(Some(RedisBus::from_url(u)?.for_team(t)?)),
+        _ => Ok(None),
+    }
 }
 
 pub fn writer(a: WriterArgs) -> anyhow::Result<u8> {
+    let bus = child_bus(a.bus.as_deref(), a.bus_team.as_deref())?;
     let d = if a.naive {
         Discipline::Naive
+    } else if bus.is_some() {
+        Discipline::Redis
     } else {
         Discipline::Troupe
     };
-    bench::run_writer(&a.dir, a.writer, a.count, d, &a.go)?;
+    bench::run_writer(&a.dir, a.writer, a.count, d, &a.go, bus.as_ref())?;
     Ok(0)
 }
 
@@ -97,11 +122,16 @@ pub fn writer(a: WriterArgs) -> anyhow::Result<u8> {
 pub struct WaiterArgs {
     #[arg(long)]
     dir: PathBuf,
+    #[arg(long, requires = "bus_team")]
+    bus: Option<String>,
+    #[arg(long)]
+    bus_team: Option<String>,
 }
 
 /// `lead bench-waiter`: the idle recipient of the wake-up measurement.
 pub fn waiter(a: WaiterArgs) -> anyhow::Result<u8> {
-    bench::run_waiter(&a.dir, &mut std::io::stdout().lock())?;
+    let bus = child_bus(a.bus.as_deref(), a.bus_team.as_deref())?;
+    bench::run_waiter(&a.dir, &mut std::io::stdout().lock(), bus.as_ref())?;
     Ok(0)
 }
 
@@ -150,7 +180,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
             (Discipline::Troupe, DrainMode::Every5Ms),
             (Discipline::Naive, DrainMode::Every5Ms),
         ] {
-            let r = bench::inbox_throughput(scratch, writers, a.messages, d, drain, &cmd)?;
+            let r = bench::inbox_throughput(scratch, writers, a.messages, d, drain, &cmd, None)?;
             eprintln!(
                 "inbox {:?} drain={:?} writers={} {:.0} msgs/s lost={} dup={} \
                  (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
@@ -174,7 +204,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
         die_with_parent(&mut c);
         c
     };
-    let wake = bench::wake_latency(scratch, a.wake_samples, WAKE_GAP, &waiter_cmd)?;
+    let wake = bench::wake_latency(scratch, a.wake_samples, WAKE_GAP, &waiter_cmd, None)?;
     eprintln!(
         "wake latency ({}): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms (to drained: p99 {:.3} ms)",
         wake.waiter_mode,
@@ -193,6 +223,10 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     wake_json["send_to_drained"] = serde_json::to_value(&wake.send_to_drained)?;
     wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
 
+    let redis_json = match &a.bus {
+        Some(url) => section(redis_inbox(a, exe, scratch, url)),
+        None => Value::Null,
+    };
     if a.inbox_only {
         let mut doc = json!({
             "machine": machine(scratch),
@@ -202,6 +236,9 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
             "inbox_throughput": throughput,
             "wake_latency": wake_json,
         });
+        if !redis_json.is_null() {
+            doc["redis"] = redis_json;
+        }
         let mut t = targets(&doc);
         if let Some(t) = t.as_object_mut() {
             t.retain(|k, _| {
@@ -241,9 +278,82 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     for (k, v) in team {
         doc[k] = v;
     }
+    if !redis_json.is_null() {
+        doc["redis"] = redis_json;
+    }
     doc["targets"] = targets(&doc);
     doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
     Ok(doc)
+}
+
+/// The inbox on a Redis bus: throughput with 1 and 4 writer processes drained on every
+/// wake-up, and the wake-up latency, as for the file bus.
+fn redis_inbox(a: &BenchArgs, exe: &Path, scratch: &Path, url: &str) -> anyhow::Result<Value> {
+    let base = RedisBus::from_url(url)?;
+    let pid = std::process::id();
+    let mut throughput = Vec::new();
+    for writers in [1, 4] {
+        let team = format!("bench-{pid}-w{writers}");
+        let bus = base.for_team(&team)?;
+        let cmd = |dir: &Path, w: usize, n: u64, _: Discipline, go: &Path| {
+            let mut c = Command::new(exe);
+            c.arg("bench-writer")
+                .arg("--dir")
+                .arg(dir)
+                .args(["--writer", &w.to_string(), "--count", &n.to_string()])
+                .arg("--go")
+                .arg(go)
+                .args(["--bus", url, "--bus-team", &team]);
+            c
+        };
+        let r = bench::inbox_throughput(
+            scratch,
+            writers,
+            a.redis_messages,
+            Discipline::Redis,
+            DrainMode::OnWake,
+            &cmd,
+            Some(&bus),
+        )?;
+        eprintln!(
+            "inbox Redis drain=OnWake writers={} {:.0} msgs/s lost={} dup={} \
+             (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
+            r.writers,
+            r.msgs_per_sec,
+            r.lost,
+            r.duplicates,
+            r.writer_cpu_us_per_msg,
+            r.consumer_cpu_us_per_msg,
+            r.drains
+        );
+        throughput.push(r);
+    }
+    let team = format!("bench-{pid}-wake");
+    let bus = base.for_team(&team)?;
+    let waiter_cmd = |dir: &Path| {
+        let mut c = Command::new(exe);
+        c.arg("bench-waiter")
+            .arg("--dir")
+            .arg(dir)
+            .args(["--bus", url, "--bus-team", &team]);
+        die_with_parent(&mut c);
+        c
+    };
+    let wake = bench::wake_latency(scratch, a.wake_samples, WAKE_GAP, &waiter_cmd, Some(&bus))?;
+    eprintln!(
+        "wake latency (redis): p50 {:.3} ms, p99 {:.3} ms (to drained: p99 {:.3} ms)",
+        wake.send_to_woken.p50_ms, wake.send_to_woken.p99_ms, wake.send_to_drained.p99_ms
+    );
+    Ok(json!({
+        "bus": url,
+        "measured": "as the file bus: writer processes append through the Lua script (one round trip each), the consumer drains by consumer group on every wake-up (a blocking XREAD) into its fsynced journal",
+        "inbox_throughput": throughput,
+        "wake_latency": {
+            "send_to_woken": wake.send_to_woken,
+            "send_to_drained": wake.send_to_drained,
+            "append": wake.append_sync,
+        },
+    }))
 }
 
 /// What the sandbox costs: the start-up probe of [`Sandbox::prepare`], and the round trip of

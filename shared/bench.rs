@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::bus::{RedisBus, RedisInbox};
 use crate::error::{Error, Result};
 use crate::inbox::{Durability, Inbox};
 use crate::message::{Message, MessageType};
@@ -39,6 +40,9 @@ pub enum Discipline {
     Troupe,
     /// The reference design: unlocked append; read, then truncate, with no lock.
     Naive,
+    /// troupe on the Redis bus: a Lua append per message; drain by consumer group into the
+    /// fsynced journal.
+    Redis,
 }
 
 /// When the bench consumer drains.
@@ -106,6 +110,7 @@ pub fn run_writer(
     count: u64,
     discipline: Discipline,
     go: &Path,
+    bus: Option<&RedisBus>,
 ) -> Result<()> {
     let team = TeamDir::open(team)?;
     let name = bench_name();
@@ -114,6 +119,19 @@ pub fn run_writer(
         std::thread::sleep(Duration::from_micros(100));
     }
     match discipline {
+        Discipline::Redis => {
+            let bus = bus.ok_or_else(|| Error::Protocol("the Redis bench needs a bus".into()))?;
+            let inbox = RedisInbox::new(bus, &team, &name);
+            for seq in 0..count {
+                let m = Message::new(
+                    MessageType::Message,
+                    "lead",
+                    "bench",
+                    format!("{writer}:{seq}"),
+                );
+                inbox.append(&m)?;
+            }
+        }
         Discipline::Troupe => {
             let mut w = inbox.writer()?;
             for seq in 0..count {
@@ -157,6 +175,7 @@ pub fn inbox_throughput(
     discipline: Discipline,
     drain: DrainMode,
     writer_cmd: &dyn Fn(&Path, usize, u64, Discipline, &Path) -> Command,
+    bus: Option<&RedisBus>,
 ) -> Result<ThroughputResult> {
     let root = scratch.join(format!("{discipline:?}-{drain:?}-{writers}").to_lowercase());
     let team = TeamDir::create(&root)?;
@@ -177,6 +196,17 @@ pub fn inbox_throughput(
     let owner = own(&team, &name)?;
     let (mut journal, _) = Journal::open(&team, &name, &owner)?;
     let mut waiter = InboxWaiter::new(&inbox)?;
+    let mut redis = match (discipline, bus) {
+        (Discipline::Redis, Some(bus)) => {
+            let r = RedisInbox::new(bus, &team, &name);
+            let w = r.waiter()?;
+            Some((r, w))
+        }
+        (Discipline::Redis, None) => {
+            return Err(Error::Protocol("the Redis bench needs a bus".into()));
+        }
+        _ => None,
+    };
     // Every message is "WRITER:SEQ": one flag per message sent tells a repeat from a first
     // delivery without a hash set of ids (which cost the consumer a tenth of its time).
     let mut seen = vec![false; writers * per_writer as usize];
@@ -209,9 +239,10 @@ pub fn inbox_throughput(
             .iter_mut()
             .all(|k| k.try_wait().ok().flatten().is_some());
         drains += 1;
-        match discipline {
-            Discipline::Troupe => count(inbox.drain(&mut journal)?),
-            Discipline::Naive => count(naive_drain(inbox.path())?),
+        match (discipline, &redis) {
+            (Discipline::Redis, Some((r, _))) => count(r.drain(&mut journal)?),
+            (Discipline::Naive, _) => count(naive_drain(inbox.path())?),
+            _ => count(inbox.drain(&mut journal)?),
         }
         if done {
             continue;
@@ -221,9 +252,10 @@ pub fn inbox_throughput(
             DrainMode::Every5Ms => std::thread::sleep(DRAIN_INTERVAL),
             // As soon as something arrives, as an idle worker does (the timeout only notices
             // writers that finished).
-            DrainMode::OnWake => {
-                waiter.wait(Some(DRAIN_INTERVAL), &[])?;
-            }
+            DrainMode::OnWake => match &mut redis {
+                Some((_, w)) => drop(w.wait(Some(DRAIN_INTERVAL), &[])?),
+                None => drop(waiter.wait(Some(DRAIN_INTERVAL), &[])?),
+            },
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -237,6 +269,9 @@ pub fn inbox_throughput(
         }
     }
     let writer_cpu = cpu_seconds(libc::RUSAGE_CHILDREN) - children_before;
+    if let Some((r, _)) = &redis {
+        r.destroy()?;
+    }
     let sent = writers as u64 * per_writer;
     let unique = delivered - duplicates;
     let _ = std::fs::remove_dir_all(&root);
@@ -346,14 +381,24 @@ const WAITER_STOP: &str = "stop";
 /// idle worker does and, per drain, writes `WOKE_NS DRAINED_NS COUNT` (monotonic instants) to
 /// `out`. First writes `ready inotify` or `ready polling`. Returns after a message saying
 /// `stop`, or when `out` is closed.
-pub fn run_waiter(team: &Path, out: &mut dyn Write) -> Result<()> {
+pub fn run_waiter(team: &Path, out: &mut dyn Write, bus: Option<&RedisBus>) -> Result<()> {
     let team = TeamDir::open(team)?;
     let name = waiter_name();
     let inbox = Inbox::new(&team, &name);
     let mut waiter = InboxWaiter::new(&inbox)?;
+    let mut redis = match bus {
+        Some(bus) => {
+            let r = RedisInbox::new(bus, &team, &name);
+            let w = r.waiter()?;
+            Some((r, w))
+        }
+        None => None,
+    };
     let owner = own(&team, &name)?;
     let (mut journal, _) = Journal::open(&team, &name, &owner)?;
-    let mode = if waiter.uses_inotify() {
+    let mode = if redis.is_some() {
+        "redis"
+    } else if waiter.uses_inotify() {
         "inotify"
     } else {
         "polling"
@@ -365,11 +410,18 @@ pub fn run_waiter(team: &Path, out: &mut dyn Write) -> Result<()> {
     };
     report(out, format!("ready {mode}\n"))?;
     loop {
-        if waiter.wait(None, &[])? != Wake::Message {
+        let wake = match &mut redis {
+            Some((_, w)) => w.wait(None, &[])?,
+            None => waiter.wait(None, &[])?,
+        };
+        if wake != Wake::Message {
             continue;
         }
         let woke = monotonic_ns();
-        let msgs = inbox.drain(&mut journal)?;
+        let msgs = match &redis {
+            Some((r, _)) => r.drain(&mut journal)?,
+            None => inbox.drain(&mut journal)?,
+        };
         let drained = monotonic_ns();
         if msgs.is_empty() {
             continue;
@@ -414,11 +466,13 @@ pub fn wake_latency(
     samples: usize,
     gap: Duration,
     waiter_cmd: &dyn Fn(&Path) -> Command,
+    bus: Option<&RedisBus>,
 ) -> Result<WakeResult> {
     let root = scratch.join("wake");
     let team = TeamDir::create(&root)?;
     let name = waiter_name();
     let inbox = Inbox::new(&team, &name);
+    let redis = bus.map(|b| RedisInbox::new(b, &team, &name));
     let child = waiter_cmd(team.root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -450,7 +504,10 @@ pub fn wake_latency(
         };
         let m = Message::new(MessageType::Message, "lead", name.as_str(), text);
         let start = monotonic_ns();
-        inbox.append(&m, Durability::Sync)?;
+        match &redis {
+            Some(r) => r.append(&m)?,
+            None => inbox.append(&m, Durability::Sync)?,
+        }
         let appended = monotonic_ns();
         let line = next_line()?;
         let nums: Vec<u64> = line
@@ -479,6 +536,9 @@ pub fn wake_latency(
         .map_err(Error::io("wait for bench waiter", "lead"))?;
     if !status.success() {
         return Err(Error::Protocol(format!("bench waiter failed: {status}")));
+    }
+    if let Some(r) = &redis {
+        r.destroy()?;
     }
     let _ = std::fs::remove_dir_all(&root);
     let none = || Error::Protocol("no wake-up samples".into());

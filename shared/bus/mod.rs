@@ -1,8 +1,8 @@
 //! Where the team's shared state lives when it is not (only) the team directory: a Redis 7 (or
 //! Valkey) server, so that teammates on several machines share inboxes (issue 15).
 //!
-//! A bus is named by a URL, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]` (or `rediss://`),
-//! given with `--bus` or `TROUPE_BUS`. The password is never part of it: a URL with one is
+//! A bus is named by a URL, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]` (or `rediss://`);
+//! `lead bench --bus` takes one (or `TROUPE_BUS`), the other commands are to follow. The password is never part of it: a URL with one is
 //! refused, so that it cannot end up in a shell history, a process list or a unit file. It is
 //! read, in this order, from the file `TROUPE_BUS_PASSWORD_FILE` names, from the systemd
 //! credential `troupe-bus-password` (`$CREDENTIALS_DIRECTORY`), or from `TROUPE_BUS_PASSWORD`;
@@ -87,6 +87,17 @@ impl RedisBus {
             info: info.set_redis_settings(settings),
             url: url.to_owned(),
             team,
+        })
+    }
+
+    /// The same server, for another team (keys apart).
+    pub fn for_team(&self, team: &str) -> Result<RedisBus> {
+        if !valid_team(team) {
+            return Err(bad(team, "team names use 1-64 of a-z, 0-9, '-', '_'"));
+        }
+        Ok(RedisBus {
+            team: team.to_owned(),
+            ..self.clone()
         })
     }
 

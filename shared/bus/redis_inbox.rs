@@ -351,6 +351,16 @@ impl RedisInbox {
         Ok(())
     }
 
+    /// Removes the inbox's keys (its stream, group and count): for throwaway inboxes.
+    pub fn destroy(&self) -> Result<()> {
+        self.with_conn("remove inbox", |c| {
+            redis::cmd("DEL")
+                .arg(&self.stream)
+                .arg(&self.bytes)
+                .query::<()>(c)
+        })
+    }
+
     /// A waiter for this inbox, on a connection of its own (a blocking read holds it).
     pub fn waiter(&self) -> Result<RedisWaiter> {
         self.ensure_group()?;
