@@ -36,6 +36,12 @@ struct Cli {
     /// this directory or a parent, else ./.team).
     #[arg(long, global = true, env = "TROUPE_TEAM_DIR")]
     team_dir: Option<PathBuf>,
+    /// Keep the team's inboxes on this Redis bus, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]`
+    /// (env TROUPE_BUS; the password from TROUPE_BUS_PASSWORD_FILE, the systemd credential
+    /// troupe-bus-password or TROUPE_BUS_PASSWORD, never from the URL). In progress (issue
+    /// 15): only the inboxes move there so far.
+    #[arg(long, global = true, env = "TROUPE_BUS")]
+    bus: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -101,6 +107,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Some(url) = &cli.bus {
+        // Every team dir this process opens reads the bus from the environment, and the
+        // workers it starts inherit it.
+        // SAFETY: no other thread exists yet (nothing has been started since main began).
+        unsafe { std::env::set_var(troupe::bus::BUS_ENV, url) };
+    }
     // The conversational commands share the terminal with a person: only warnings there.
     let level = match cli.command {
         Cmd::Chat(_) | Cmd::Demo(_) => tracing::Level::WARN,

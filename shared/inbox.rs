@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
 
+use crate::bus::RedisInbox;
 use crate::error::{Error, Result};
 use crate::events;
 use crate::fsutil::{self, LockGuard};
@@ -70,6 +71,8 @@ pub struct Inbox {
     /// whatever `NAME.offset` says, so a damaged offset file can only cost a re-read (which the
     /// journal dedups), never a skipped message. Shared by clones.
     drained_once: Arc<AtomicBool>,
+    /// The inbox on the team's Redis bus, when it has one: every operation goes there instead.
+    redis: Option<Arc<RedisInbox>>,
 }
 
 /// Whether an append waits for the data to reach the disk.
@@ -93,13 +96,26 @@ impl Inbox {
             drain_lock_path: team.inbox_drain_lock(name),
             cap: DEFAULT_CAP,
             drained_once: Arc::new(AtomicBool::new(false)),
+            redis: team
+                .bus()
+                .map(|bus| Arc::new(RedisInbox::new(bus, team, name))),
         }
     }
 
     /// Sets the size cap in bytes.
     pub fn with_cap(mut self, cap: u64) -> Inbox {
         self.cap = cap;
+        if let Some(bus) = self.team.bus() {
+            self.redis = Some(Arc::new(
+                RedisInbox::new(bus, &self.team, &self.name).with_cap(cap),
+            ));
+        }
         self
+    }
+
+    /// The inbox on the team's Redis bus, if it has one.
+    pub fn redis(&self) -> Option<&RedisInbox> {
+        self.redis.as_deref()
     }
 
     /// The owner's name.
@@ -114,11 +130,19 @@ impl Inbox {
 
     /// Opens a writer that keeps the inbox and its lock open across appends.
     pub fn writer(&self) -> Result<InboxWriter> {
-        fsutil::create_dir(&self.team.inbox_dir())?;
+        let target = match &self.redis {
+            Some(r) => Target::Redis(r.clone()),
+            None => {
+                fsutil::create_dir(&self.team.inbox_dir())?;
+                Target::File {
+                    lock: fsutil::open_lock(&self.lock_path)?,
+                    file: fsutil::open_append(&self.path)?,
+                }
+            }
+        };
         Ok(InboxWriter {
             inbox: self.clone(),
-            lock: fsutil::open_lock(&self.lock_path)?,
-            file: fsutil::open_append(&self.path)?,
+            target,
             buf: Vec::new(),
             unchecked: 0,
             checked_once: false,
@@ -133,6 +157,9 @@ impl Inbox {
 
     /// Reads the inbox without changing it (shared lock). Bad lines are skipped, not moved.
     pub fn peek(&self) -> Result<Vec<Message>> {
+        if let Some(r) = &self.redis {
+            return r.peek();
+        }
         let Some((lock, file)) = self.open_existing()? else {
             return Ok(Vec::new());
         };
@@ -151,6 +178,13 @@ impl Inbox {
     /// Bytes not consumed yet: from the consumed offset to the end of the file (0 if it does
     /// not exist).
     pub fn len(&self) -> u64 {
+        if let Some(r) = &self.redis {
+            // Unknown (the bus is unreachable) reads as not empty: the drain then says why.
+            return r.len().unwrap_or_else(|e| {
+                tracing::warn!(inbox = %self.name, "{e}");
+                1
+            });
+        }
         let size = std::fs::metadata(&self.path).map_or(0, |m| m.len());
         if size == 0 {
             return 0;
@@ -160,7 +194,13 @@ impl Inbox {
 
     /// Whether nothing is waiting in the inbox.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        match &self.redis {
+            Some(r) => r.is_empty().unwrap_or_else(|e| {
+                tracing::warn!(inbox = %self.name, "{e}");
+                false
+            }),
+            None => self.len() == 0,
+        }
     }
 
     /// Drains the inbox into `journal` and returns the messages that are new to it, in file
@@ -176,6 +216,9 @@ impl Inbox {
         journal: &mut Journal,
         mut at: impl FnMut(DrainPoint, &[Message]),
     ) -> Result<Vec<Message>> {
+        if let Some(r) = &self.redis {
+            return r.drain_with(journal, at);
+        }
         let Some((lock, file)) = self.open_existing()? else {
             return Ok(Vec::new());
         };
@@ -485,8 +528,7 @@ fn describe_bad_line(line: &[u8], why: String) -> String {
 #[derive(Debug)]
 pub struct InboxWriter {
     inbox: Inbox,
-    lock: File,
-    file: File,
+    target: Target,
     /// The line being written, with its leading `\n` (reused across appends).
     buf: Vec<u8>,
     /// Bytes this writer appended since it last looked at the inbox's size.
@@ -495,9 +537,21 @@ pub struct InboxWriter {
     checked_once: bool,
 }
 
+/// Where an [`InboxWriter`] writes.
+#[derive(Debug)]
+enum Target {
+    /// The inbox file and its writers' lock, kept open.
+    File { lock: File, file: File },
+    /// The team's Redis bus (durable as the server's `appendfsync` makes it).
+    Redis(Arc<RedisInbox>),
+}
+
 impl InboxWriter {
     /// Appends one message (see [`Inbox::append`]).
     pub fn append(&mut self, msg: &Message, durability: Durability) -> Result<()> {
+        if let Target::Redis(r) = &self.target {
+            return r.append(msg);
+        }
         // Serialized straight into the reused buffer, behind the leading `\n`.
         self.buf.clear();
         self.buf.push(b'\n');
@@ -518,6 +572,9 @@ impl InboxWriter {
     /// at most that much per writer.
     pub fn append_line(&mut self, line: &[u8], durability: Durability) -> Result<()> {
         debug_assert_eq!(line.last(), Some(&b'\n'));
+        if let Target::Redis(r) = &self.target {
+            return r.append_line(line);
+        }
         self.buf.clear();
         self.buf.push(b'\n');
         self.buf.extend_from_slice(line);
@@ -527,11 +584,13 @@ impl InboxWriter {
     /// Writes `buf` (a leading `\n`, then one line) as [`InboxWriter::append_line`] says.
     fn write_buf(&mut self, durability: Durability) -> Result<()> {
         let inbox = &self.inbox;
-        let guard: LockGuard<'_> = fsutil::lock_exclusive(&self.lock, &inbox.lock_path)?;
+        let Target::File { lock, file } = &self.target else {
+            unreachable!("Redis writes return before");
+        };
+        let guard: LockGuard<'_> = fsutil::lock_exclusive(lock, &inbox.lock_path)?;
         let len = self.buf.len() as u64;
         if !self.checked_once || self.unchecked + len > inbox.cap / 64 {
-            let file_size = self
-                .file
+            let file_size = file
                 .metadata()
                 .map_err(Error::io("stat inbox", &inbox.path))?
                 .len();
@@ -547,7 +606,7 @@ impl InboxWriter {
             self.checked_once = true;
             self.unchecked = 0;
         }
-        (&self.file)
+        (&*file)
             .write_all(&self.buf)
             .map_err(Error::io("append to inbox", &inbox.path))?;
         self.unchecked += len;
@@ -555,7 +614,7 @@ impl InboxWriter {
         // keeps the recipient's drain (and every other writer) from waiting for our sync too.
         drop(guard);
         if durability == Durability::Sync {
-            fsutil::sync_data(&self.file, &inbox.path)?;
+            fsutil::sync_data(file, &inbox.path)?;
         }
         Ok(())
     }

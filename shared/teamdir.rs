@@ -144,10 +144,13 @@ pub fn check_request_id(id: &str) -> Result<()> {
     }
 }
 
-/// A team directory (default `./.team`).
+/// A team directory (default `./.team`), and the bus the team's inboxes live on when it is
+/// not this directory: a Redis server named by `TROUPE_BUS` (see [`crate::bus`]), read when
+/// the `TeamDir` is made.
 #[derive(Debug, Clone)]
 pub struct TeamDir {
     root: PathBuf,
+    bus: Option<std::sync::Arc<crate::bus::RedisBus>>,
 }
 
 impl TeamDir {
@@ -189,7 +192,24 @@ impl TeamDir {
             Ok(m) if !m.is_dir() => return Err(Error::NotADirectory(root)),
             _ => {}
         }
-        Ok(TeamDir { root })
+        let bus = match std::env::var(crate::bus::BUS_ENV) {
+            Ok(url) if !url.is_empty() => {
+                Some(std::sync::Arc::new(crate::bus::RedisBus::from_url(&url)?))
+            }
+            _ => None,
+        };
+        Ok(TeamDir { root, bus })
+    }
+
+    /// The Redis bus the inboxes live on, if any (`None`: the files of this directory).
+    pub fn bus(&self) -> Option<&crate::bus::RedisBus> {
+        self.bus.as_deref()
+    }
+
+    /// The same team dir with its inboxes on `bus` (or on files, with `None`).
+    pub fn with_bus(mut self, bus: Option<crate::bus::RedisBus>) -> TeamDir {
+        self.bus = bus.map(std::sync::Arc::new);
+        self
     }
 
     /// The team dir itself.

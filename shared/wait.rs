@@ -45,6 +45,8 @@ pub struct InboxWaiter {
     notify: Option<Inotify>,
     /// The watch on the inbox, while a wait sleeps.
     watch: Option<WatchDescriptor>,
+    /// For an inbox on a Redis bus: a blocking read there, instead of a watch.
+    redis: Option<crate::bus::RedisWaiter>,
 }
 
 const FALLBACK_MIN: Duration = Duration::from_millis(1);
@@ -53,6 +55,15 @@ const FALLBACK_MAX: Duration = Duration::from_millis(50);
 impl InboxWaiter {
     /// Prepares a waiter for `inbox`, creating the inbox file if it is missing.
     pub fn new(inbox: &Inbox) -> Result<InboxWaiter> {
+        if let Some(r) = inbox.redis() {
+            return Ok(InboxWaiter {
+                inbox: inbox.clone(),
+                path: inbox.path().to_path_buf(),
+                notify: None,
+                watch: None,
+                redis: Some(r.waiter()?),
+            });
+        }
         let path = inbox.path().to_path_buf();
         if let Some(dir) = path.parent() {
             fsutil::create_dir(dir)?;
@@ -63,6 +74,7 @@ impl InboxWaiter {
             path,
             notify: None,
             watch: None,
+            redis: None,
         };
         if std::env::var_os("TROUPE_NO_INOTIFY").is_none() {
             match Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) {
@@ -130,6 +142,9 @@ impl InboxWaiter {
     /// Blocks until the inbox holds data, one of `extra` is readable, or `timeout` passes
     /// (`None`: no timeout). Returns at once if the inbox already holds data.
     pub fn wait(&mut self, timeout: Option<Duration>, extra: &[BorrowedFd<'_>]) -> Result<Wake> {
+        if let Some(r) = &mut self.redis {
+            return r.wait(timeout, extra);
+        }
         if self.has_data() {
             return Ok(Wake::Message);
         }

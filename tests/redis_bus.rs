@@ -308,3 +308,129 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
         got.len()
     );
 }
+
+/// `lead` with `TROUPE_BUS` (or `--bus`) puts the inboxes on the bus: a `lead send` lands in
+/// the Redis stream, not in a file, and a drain through the library (the same seam a worker
+/// uses) consumes it once. A URL with a password is refused without echoing it.
+#[test]
+fn the_cli_puts_inboxes_on_the_bus() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join(".team");
+    let url = server.url("cli");
+    let lead = |args: &[&str], bus_env: bool| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_lead"));
+        c.arg("--team-dir")
+            .arg(&root)
+            .args(args)
+            .env_remove("TROUPE_TEAM_DIR")
+            .env_remove("TROUPE_BUS")
+            .env(PASSWORD_ENV, &server.password);
+        if bus_env {
+            c.env("TROUPE_BUS", &url);
+        }
+        c.output().unwrap()
+    };
+    let o = lead(&["spawn", "alice", "--role", "r", "--prompt", "p"], true);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = lead(&["send", "alice", "hello"], true);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = lead(&["--bus", &url, "send", "alice", "again"], false);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = root.join("inbox").join("alice.jsonl");
+    assert!(
+        std::fs::metadata(&file).map_or(0, |m| m.len()) == 0,
+        "the message went to the file inbox"
+    );
+    let bus = RedisBus::with_password(&url, &server.password).unwrap();
+    let team = TeamDir::open(&root).unwrap().with_bus(Some(bus));
+    let inbox = troupe::inbox::Inbox::new(&team, &alice());
+    // (The spawn sent the task first: a task_assignment.)
+    let texts = |ms: Vec<Message>| {
+        ms.into_iter()
+            .filter(|m| m.kind == MessageType::Message)
+            .map(|m| m.content)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(texts(inbox.peek().unwrap()), ["hello", "again"]);
+    let mut journal = open_journal(&team);
+    assert_eq!(
+        texts(inbox.drain(&mut journal).unwrap()),
+        ["hello", "again"]
+    );
+    assert!(inbox.is_empty());
+    let leaky = format!("redis://troupe:{}@127.0.0.1:{}", "hunter2", server.port);
+    let o = lead(&["--bus", &leaky, "send", "alice", "x"], false);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("holds a password"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// A real worker with `TROUPE_BUS` in its environment (as `lead run` hands it on) drains its
+/// inbox from the bus, and its `send_message` to the lead lands in the lead's stream there.
+#[test]
+fn a_worker_reads_and_writes_its_mail_on_the_bus() {
+    use support::fake_llm::{
+        FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+    };
+    use support::team::{Team, wait_until};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url("worker");
+    let team = Team::new();
+    team.add_member("alice", 1, false);
+    let usage = r#"{"input_tokens":10,"output_tokens":5,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}"#;
+    let fake = FakeLlm::start([
+        Reply::ok(anthropic_message(
+            &anthropic_tool_use_block("tu_1", "send_message", r#"{"to":"lead","content":"pong"}"#),
+            "tool_use",
+            usage,
+        )),
+        Reply::ok(anthropic_text("done")),
+    ]);
+    let bus = RedisBus::with_password(&url, &server.password).unwrap();
+    let on_bus = team.dir.clone().with_bus(Some(bus));
+    let ping = msg("ping");
+    troupe::inbox::Inbox::new(&on_bus, &alice())
+        .append(&ping, troupe::inbox::Durability::Sync)
+        .unwrap();
+    let mut w = team.worker(
+        "alice",
+        &fake.url(),
+        &[
+            ("TROUPE_BUS", url.as_str()),
+            (PASSWORD_ENV, server.password.as_str()),
+        ],
+    );
+    let lead_inbox = troupe::inbox::Inbox::new(&on_bus, &AgentName::lead());
+    let reply = wait_until(Duration::from_secs(30), "the reply on the bus", || {
+        lead_inbox
+            .peek()
+            .unwrap()
+            .into_iter()
+            .find(|m| m.content == "pong")
+    });
+    assert_eq!(reply.from, "alice");
+    assert_eq!(team.consumed_ids("alice"), vec![ping.id.clone()]);
+    assert!(troupe::inbox::Inbox::new(&on_bus, &alice()).is_empty());
+    assert!(
+        std::fs::metadata(team.dir.inbox(&AgentName::lead())).map_or(0, |m| m.len()) == 0,
+        "the reply went to the lead's file inbox"
+    );
+    // SIGTERM ends its wait on the bus at once (the signal pipe is looked at between slices).
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        w.wait(Duration::from_secs(5)).code(),
+        Some(143),
+        "{}",
+        team.stderr("alice")
+    );
+    assert!(
+        !team.stderr("alice").contains(&server.password),
+        "the password reached a log"
+    );
+}

@@ -337,6 +337,8 @@ impl Runner {
             )
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_API_KEY")
+            .env_remove(troupe::bus::PASSWORD_ENV)
+            .env_remove(troupe::bus::PASSWORD_FILE_ENV)
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");

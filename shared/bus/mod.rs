@@ -40,7 +40,13 @@ pub struct RedisBus {
     /// The URL as given (it holds no password).
     url: String,
     team: String,
+    /// Idle connections, shared by clones (a process keeps a few open rather than connecting
+    /// and authenticating per message).
+    pool: std::sync::Arc<std::sync::Mutex<Vec<redis::Connection>>>,
 }
+
+/// Idle connections kept per bus.
+const POOL_MAX: usize = 8;
 
 impl fmt::Debug for RedisBus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,6 +93,7 @@ impl RedisBus {
             info: info.set_redis_settings(settings),
             url: url.to_owned(),
             team,
+            pool: Default::default(),
         })
     }
 
@@ -114,6 +121,23 @@ impl RedisBus {
     /// A key of this team: `troupe:{TEAM}:` and `rest`.
     pub fn key(&self, rest: &str) -> String {
         format!("troupe:{{{}}}:{rest}", self.team)
+    }
+
+    /// An idle connection of this process, or a new one.
+    pub(crate) fn take(&self) -> Result<redis::Connection> {
+        let idle = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => self.connect(Duration::from_secs(5)),
+        }
+    }
+
+    /// Gives back a connection that is in a clean state (no reply pending).
+    pub(crate) fn give_back(&self, c: redis::Connection) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < POOL_MAX {
+            pool.push(c);
+        }
     }
 
     /// A new connection (authenticated), with `timeout` for connecting.

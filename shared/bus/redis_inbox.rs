@@ -20,10 +20,9 @@
 //!   length, so an entry added in between wakes it at once), in slices of at most 50 ms so that
 //!   the caller's own descriptors (a signal pipe) are looked at too.
 //!
-//! The connection is kept across calls and opened again after an error.
+//! Connections come from the bus's pool and go back to it; one that failed is dropped.
 
 use std::os::fd::BorrowedFd;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -43,7 +42,6 @@ const GROUP: &str = "recipient";
 const CONSUMER: &str = "drainer";
 /// Entries read per `XREADGROUP`.
 const BATCH: usize = 10_000;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest a blocking read lasts before the caller's descriptors are looked at.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
@@ -78,7 +76,6 @@ pub struct RedisInbox {
     stream: String,
     bytes: String,
     cap: u64,
-    conn: Mutex<Option<redis::Connection>>,
     append: redis::Script,
     mark: redis::Script,
 }
@@ -112,7 +109,6 @@ impl RedisInbox {
             bytes: format!("{stream}:bytes"),
             stream,
             cap: DEFAULT_CAP,
-            conn: Mutex::new(None),
             append: redis::Script::new(APPEND),
             mark: redis::Script::new(MARK),
         }
@@ -137,19 +133,19 @@ impl RedisInbox {
         what: &str,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         for attempt in 0..2 {
-            if guard.is_none() {
-                *guard = Some(self.bus.connect(CONNECT_TIMEOUT)?);
-            }
-            let conn = guard.as_mut().expect("just opened");
-            match f(conn) {
-                Ok(v) => return Ok(v),
+            let mut conn = self.bus.take()?;
+            match f(&mut conn) {
+                Ok(v) => {
+                    self.bus.give_back(conn);
+                    return Ok(v);
+                }
                 Err(e) => {
-                    // The server's own refusals leave the connection as it was.
+                    // The server's own refusals leave the connection usable; anything else
+                    // drops it (the next call opens a new one).
                     let broken = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
-                    if broken {
-                        *guard = None;
+                    if !broken {
+                        self.bus.give_back(conn);
                     }
                     if attempt == 1 || !broken {
                         return Err(bus_err(what, e));
@@ -180,8 +176,12 @@ impl RedisInbox {
     /// Appends one message: refused if it is too large or the inbox is at its cap, and then
     /// nothing is written. Durable as the server's `appendfsync` makes it.
     pub fn append(&self, msg: &Message) -> Result<()> {
-        let mut line = msg.to_line()?;
-        line.pop();
+        self.append_line(&msg.to_line()?)
+    }
+
+    /// Appends one serialized message line (its `\n` may end it or not).
+    pub fn append_line(&self, line: &[u8]) -> Result<()> {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
         let len = line.len() as u64;
         // Ok(Err(bytes)) is the script's refusal: the inbox holds `bytes` already.
         let r = self.with_conn("append", |c| {
@@ -189,7 +189,7 @@ impl RedisInbox {
                 .append
                 .key(&self.stream)
                 .key(&self.bytes)
-                .arg(&line[..])
+                .arg(line)
                 .arg(len)
                 .arg(self.cap)
                 .invoke::<i64>(c)

@@ -347,12 +347,14 @@ pub fn protect_keys() {
     }
 }
 
-/// The key files named in the environment (see [`from_env`]): the file tools refuse them.
+/// The key files named in the environment (see [`from_env`]), and the Redis bus's password
+/// file: the file tools refuse them and the sandbox hides them.
 pub fn key_files() -> Vec<PathBuf> {
     let vars = |n: &str| std::env::var(n).ok();
     ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
         .iter()
         .filter_map(|n| key_file_with(&vars, n))
+        .chain(std::env::var_os(crate::bus::PASSWORD_FILE_ENV).map(PathBuf::from))
         .collect()
 }
 

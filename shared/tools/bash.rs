@@ -52,11 +52,13 @@ pub const BASH_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_ARG_LEN: usize = 32 * 4096;
 
 /// Environment variables a command never sees.
-pub(super) const HIDDEN_ENV: [&str; 8] = [
+pub(super) const HIDDEN_ENV: [&str; 10] = [
     "ANTHROPIC_API_KEY",
     "OPENAI_API_KEY",
     "ANTHROPIC_API_KEY_FILE",
     "OPENAI_API_KEY_FILE",
+    crate::bus::PASSWORD_ENV,
+    crate::bus::PASSWORD_FILE_ENV,
     "CREDENTIALS_DIRECTORY",
     "NOTIFY_SOCKET",
     "TROUPE_BUILD_ID",
