@@ -246,6 +246,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             "{}",
             json!({
                 "team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows,
+                "bus": team.bus().map(|b| json!({"url": b.url(), "team": b.team()})),
                 "lead_sandbox": cfg.lead_sandbox,
                 "team": {
                     "cost_usd": team_spend.cost_usd, "calls": team_spend.calls,

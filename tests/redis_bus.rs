@@ -339,6 +339,14 @@ fn the_cli_puts_inboxes_on_the_bus() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = lead(&["--bus", &url, "send", "alice", "again"], false);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = lead(&["status", "--json"], true);
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["bus"]["url"], url.as_str(), "{status}");
+    assert_eq!(status["bus"]["team"], "cli");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(&server.password));
+    let o = lead(&["status", "--json"], false);
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(status["bus"].is_null(), "{status}");
     let file = root.join("inbox").join("alice.jsonl");
     assert!(
         std::fs::metadata(&file).map_or(0, |m| m.len()) == 0,
