@@ -442,3 +442,32 @@ fn a_worker_reads_and_writes_its_mail_on_the_bus() {
         "the password reached a log"
     );
 }
+
+/// What the server acknowledged survives its `kill -9` (`appendfsync always`), and the inbox
+/// reconnects by itself: the drain after the restart gets every message once.
+#[test]
+fn acknowledged_messages_survive_a_server_kill() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let (_t, team, bus) = setup(&server, "restart");
+    let inbox = RedisInbox::new(&bus, &team, &alice());
+    let mut journal = open_journal(&team);
+    let sent: Vec<Message> = (0..50).map(|i| msg(&format!("m{i}"))).collect();
+    for m in &sent[..30] {
+        inbox.append(m).unwrap();
+    }
+    // Half drained, then the server dies with the rest of the first batch in it.
+    let first = inbox.drain(&mut journal).unwrap();
+    assert_eq!(first.len(), 30);
+    for m in &sent[30..] {
+        inbox.append(m).unwrap();
+    }
+    server.restart();
+    assert!(!server.log().contains("NOPERM"), "{}", server.log());
+    let second = inbox.drain(&mut journal).unwrap();
+    assert_eq!(second, sent[30..].to_vec());
+    assert!(inbox.is_empty().unwrap());
+    assert_eq!(inbox.len().unwrap(), 0);
+    assert_eq!(journal.seen_count(), 50);
+}

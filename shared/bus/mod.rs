@@ -142,6 +142,12 @@ impl RedisBus {
         }
     }
 
+    /// Drops every idle connection (after one broke: the others most likely did too, with the
+    /// server that went away).
+    pub(crate) fn clear_pool(&self) {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// A new connection (authenticated), with `timeout` for connecting.
     pub fn connect(&self, timeout: Duration) -> Result<redis::Connection> {
         let client =

@@ -144,7 +144,9 @@ impl RedisInbox {
                     // The server's own refusals leave the connection usable; anything else
                     // drops it (the next call opens a new one).
                     let broken = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
-                    if !broken {
+                    if broken {
+                        self.bus.clear_pool();
+                    } else {
                         self.bus.give_back(conn);
                     }
                     if attempt == 1 || !broken {
