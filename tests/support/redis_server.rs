@@ -46,6 +46,7 @@ impl RedisServer {
         };
         let dir = tempfile::tempdir().unwrap();
         let password = format!("{:032x}", rand_u128());
+        let admin = format!("{:032x}", rand_u128());
         let port = free_port();
         let conf = dir.path().join("redis.conf");
         std::fs::write(
@@ -55,7 +56,6 @@ impl RedisServer {
                  appendfsync always\nsave \"\"\nuser default on >{admin} ~* &* +@all\n\
                  user troupe on >{password} ~* &* +@all\n",
                 dir = dir.path().display(),
-                admin = format!("{:032x}", rand_u128())
             ),
         )
         .unwrap();
