@@ -9,8 +9,10 @@
 //!   `\n` ends the fragment, so it never swallows or interleaves with another line, and the
 //!   drainer sets it aside as torn.
 //! - **Drain** (under the drain lock):
-//!   1. under the writers' lock, reads the bytes from the consumed offset to the end of the file
-//!      (an unterminated tail then can only be a dead writer's fragment);
+//!   1. under the writers' lock, notes where the file ends (no writer is mid-write then, so an
+//!      unterminated tail before that end can only be a dead writer's fragment), and reads the
+//!      bytes from the consumed offset to that end after letting the lock go (only a drainer,
+//!      holding the drain lock, ever cuts the file);
 //!   2. with no lock of the writers', parses them, sets bad lines aside and records the new
 //!      messages in the consumer's [`Journal`] (fsynced);
 //!   3. under the writers' lock again, marks them consumed: if nothing arrived meanwhile, the
@@ -35,6 +37,9 @@
 //!   its cap refuses new messages rather than losing old ones; consumed bytes never count.
 //!
 //! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
+//!
+//! When the team dir has a Redis bus ([`TeamDir::bus`]), every operation goes to the inbox's
+//! stream there instead ([`crate::bus::RedisInbox`]), with the same guarantees.
 
 use std::fs::File;
 use std::io::Write;
