@@ -471,3 +471,29 @@ fn acknowledged_messages_survive_a_server_kill() {
     assert_eq!(inbox.len().unwrap(), 0);
     assert_eq!(journal.seen_count(), 50);
 }
+
+/// A waiter rides out a restart of the server: it keeps waiting (the outage logged, not
+/// returned) and wakes on the first message sent once the server is back.
+#[test]
+fn a_waiter_rides_out_a_server_restart() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let (_t, team, bus) = setup(&server, "outage");
+    let inbox = RedisInbox::new(&bus, &team, &alice());
+    let mut waiter = inbox.waiter().unwrap();
+    let waiting = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let wake = waiter.wait(Some(Duration::from_secs(20)), &[]).unwrap();
+        (wake, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    server.restart();
+    std::thread::sleep(Duration::from_millis(300));
+    inbox.append(&msg("after the restart")).unwrap();
+    let (wake, took) = waiting.join().unwrap();
+    assert_eq!(wake, Wake::Message);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let mut journal = open_journal(&team);
+    assert_eq!(inbox.drain(&mut journal).unwrap().len(), 1);
+}

@@ -380,57 +380,97 @@ pub struct RedisWaiter {
 
 impl RedisWaiter {
     /// As [`crate::wait::InboxWaiter::wait`]: returns at once if the inbox holds an entry.
+    ///
+    /// A bus that cannot be reached (a server restarting, a network cut) does not end the
+    /// wait: it is tried again with a backoff from 100 ms to 2 s, the caller's descriptors
+    /// still watched, and a warning logged once per outage. (A stream that is gone, from a
+    /// server that lost its data, is made again with its group.)
     pub fn wait(&mut self, timeout: Option<Duration>, extra: &[BorrowedFd<'_>]) -> Result<Wake> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let ib = &self.inbox;
+        let mut backoff = Duration::ZERO;
         loop {
-            // The last id first, then the length: an entry added after the first has a later
-            // id and wakes the read below at once.
-            let (info, len): (Value, u64) = ib.with_conn("wait", |c| {
-                redis::pipe()
-                    .cmd("XINFO")
-                    .arg("STREAM")
-                    .arg(&ib.stream)
-                    .cmd("XLEN")
-                    .arg(&ib.stream)
-                    .query(c)
-            })?;
-            if len > 0 {
-                return Ok(Wake::Message);
-            }
-            let last = last_generated_id(&info).unwrap_or_else(|| "0-0".to_owned());
-            let slice = match deadline {
+            let remaining = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(r) if !r.is_zero() => r.min(WAIT_SLICE),
+                    Some(r) if !r.is_zero() => Some(r),
                     _ => return Ok(Wake::Timeout),
                 },
-                None => WAIT_SLICE,
+                None => None,
             };
-            let got: Value = ib.with_conn("wait", |c| {
-                redis::cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(1)
-                    .arg("BLOCK")
-                    .arg(slice.as_millis().max(1) as u64)
-                    .arg("STREAMS")
-                    .arg(&ib.stream)
-                    .arg(&last)
-                    .query(c)
-            })?;
-            if !matches!(got, Value::Nil) && !stream_entries(&got).is_empty() {
-                return Ok(Wake::Message);
-            }
-            if !extra.is_empty() {
-                let mut fds: Vec<PollFd<'_>> = extra
-                    .iter()
-                    .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
-                    .collect();
-                if matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
-                    return Ok(Wake::External);
+            match self.look(remaining.map_or(WAIT_SLICE, |r| r.min(WAIT_SLICE))) {
+                Ok(true) => return Ok(Wake::Message),
+                Ok(false) => {
+                    if !backoff.is_zero() {
+                        tracing::info!(inbox = %self.inbox.name, "the bus answers again");
+                    }
+                    backoff = Duration::ZERO;
+                    if ready(extra, Duration::ZERO) {
+                        return Ok(Wake::External);
+                    }
+                }
+                Err(e) => {
+                    if backoff.is_zero() {
+                        tracing::warn!(inbox = %self.inbox.name, "{e}; waiting for the bus");
+                    }
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    let pause = remaining.map_or(backoff, |r| r.min(backoff));
+                    if ready(extra, pause) {
+                        return Ok(Wake::External);
+                    }
+                    let _ = self.inbox.ensure_group();
                 }
             }
         }
     }
+
+    /// Whether an entry is there, or arrives within `slice`.
+    fn look(&self, slice: Duration) -> Result<bool> {
+        let ib = &self.inbox;
+        // The last id first, then the length: an entry added after the first has a later id
+        // and wakes the read below at once.
+        let (info, len): (Value, u64) = ib.with_conn("wait", |c| {
+            redis::pipe()
+                .cmd("XINFO")
+                .arg("STREAM")
+                .arg(&ib.stream)
+                .cmd("XLEN")
+                .arg(&ib.stream)
+                .query(c)
+        })?;
+        if len > 0 {
+            return Ok(true);
+        }
+        let last = last_generated_id(&info).unwrap_or_else(|| "0-0".to_owned());
+        let got: Value = ib.with_conn("wait", |c| {
+            redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(slice.as_millis().max(1) as u64)
+                .arg("STREAMS")
+                .arg(&ib.stream)
+                .arg(&last)
+                .query(c)
+        })?;
+        Ok(!matches!(got, Value::Nil) && !stream_entries(&got).is_empty())
+    }
+}
+
+/// Whether one of `fds` becomes readable within `within` (zero: just look).
+fn ready(fds: &[BorrowedFd<'_>], within: Duration) -> bool {
+    if fds.is_empty() {
+        if !within.is_zero() {
+            std::thread::sleep(within);
+        }
+        return false;
+    }
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
+    let t = PollTimeout::try_from(within.as_millis().min(i32::MAX as u128) as i32)
+        .unwrap_or(PollTimeout::MAX);
+    matches!(poll(&mut polled, t), Ok(n) if n > 0)
 }
 
 /// The `last-generated-id` of an `XINFO STREAM` reply (RESP2 flat array or RESP3 map).
