@@ -311,15 +311,8 @@ impl Inbox {
             self.set_aside(&corrupt)?;
         }
         // New to the journal, and the same id twice in one batch (a sender that retried): the
-        // first, as the journal tells. (Borrowed ids: no copy per message.)
-        let raw: Vec<(&[u8], &str)> = parsed.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
-        let keep = journal.append_inbox_lines(&raw)?;
-        drop(raw);
-        Ok(parsed
-            .into_iter()
-            .zip(keep)
-            .filter_map(|((_, m), k)| k.then_some(m))
-            .collect())
+        // first, as the journal tells.
+        journal.append_inbox_messages(parsed)
     }
 
     fn open_existing(&self) -> Result<Option<(File, File)>> {
@@ -337,40 +330,56 @@ impl Inbox {
 
     /// Appends unparsable lines to `NAME.corrupt.jsonl` (fsynced) and logs an event.
     fn set_aside(&self, lines: &[(&[u8], String)]) -> Result<()> {
-        let path = self.team.inbox_corrupt(&self.name);
-        let mut buf = Vec::new();
-        for (raw, why) in lines {
-            let rec = json!({
-                "at": fsutil::now(),
-                "reason": why,
-                "line": String::from_utf8_lossy(raw),
-            });
-            serde_json::to_writer(&mut buf, &rec)
-                .map_err(|e| Error::Protocol(format!("failed to serialize corrupt record: {e}")))?;
-            buf.push(b'\n');
-        }
-        let mut f = fsutil::open_append(&path)?;
-        // We hold the inbox's drain lock, as every writer of this file does. A torn last record
-        // is the copy of a fragment whose setter-aside died before marking it consumed, so the
-        // fragment is still there and about to be set aside again: cut the torn copy.
-        let len = f.metadata().map_err(Error::io("stat", &path))?.len();
-        if len > 0 {
-            let keep = last_newline_end(&f, len, &path)?;
-            if keep < len {
-                f.set_len(keep)
-                    .map_err(Error::io("truncate torn tail of", &path))?;
-            }
-        }
-        f.write_all(&buf).map_err(Error::io("append to", &path))?;
-        fsutil::sync_data(&f, &path)?;
-        events::log(
-            &self.team,
-            "inbox_corrupt",
-            json!({"name": self.name, "lines": lines.len(), "file": path.file_name().map(|n| n.to_string_lossy())}),
-        );
-        tracing::warn!(inbox = %self.name, lines = lines.len(), "set aside unreadable inbox lines");
-        Ok(())
+        let records: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|(raw, why)| json!({"reason": why, "line": String::from_utf8_lossy(raw)}))
+            .collect();
+        let file = self.team.inbox_corrupt(&self.name);
+        let file = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        set_aside(&self.team, &self.name, records, json!({"file": file}))
     }
+}
+
+/// Appends `records` (each stamped with `at`) to `inbox/NAME.corrupt.jsonl`, fsynced, and logs
+/// an `inbox_corrupt` event with `event`'s fields: where every drain, of a file or of a Redis
+/// stream, puts what it could not read. Its caller is the inbox's one drainer (the drain lock,
+/// or the journal's owner lock on a bus).
+pub(crate) fn set_aside(
+    team: &TeamDir,
+    name: &AgentName,
+    mut records: Vec<serde_json::Value>,
+    event: serde_json::Value,
+) -> Result<()> {
+    let path = team.inbox_corrupt(name);
+    fsutil::create_dir(&team.inbox_dir())?;
+    let mut buf = Vec::new();
+    for rec in &mut records {
+        rec["at"] = json!(fsutil::now());
+        serde_json::to_writer(&mut buf, &*rec)
+            .map_err(|e| Error::Protocol(format!("failed to serialize corrupt record: {e}")))?;
+        buf.push(b'\n');
+    }
+    let mut f = fsutil::open_append(&path)?;
+    // Only the drainer writes this file. A torn last record is the copy of a line whose
+    // setter-aside died before marking it consumed, so the line is still there (in the inbox, or
+    // pending in the stream) and about to be set aside again: cut the torn copy.
+    let len = f.metadata().map_err(Error::io("stat", &path))?.len();
+    if len > 0 {
+        let keep = last_newline_end(&f, len, &path)?;
+        if keep < len {
+            f.set_len(keep)
+                .map_err(Error::io("truncate torn tail of", &path))?;
+        }
+    }
+    f.write_all(&buf).map_err(Error::io("append to", &path))?;
+    fsutil::sync_data(&f, &path)?;
+    let mut fields = json!({"name": name, "lines": records.len()});
+    if let (Some(f), serde_json::Value::Object(extra)) = (fields.as_object_mut(), event) {
+        f.extend(extra);
+    }
+    events::log(team, "inbox_corrupt", fields);
+    tracing::warn!(inbox = %name, lines = records.len(), "set aside unreadable inbox lines");
+    Ok(())
 }
 
 /// The offset just past the last `\n` in the first `size` bytes of `file` (0 if none).

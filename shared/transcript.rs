@@ -235,6 +235,11 @@ impl Journal {
         // Another consumer of this journal may have appended since our last scan; scan it first
         // so that `scanned` keeps pointing at the end of what we have read.
         self.refresh()?;
+        self.write_scanned(buf)
+    }
+
+    /// [`Journal::write_synced`] for a caller that has just scanned.
+    fn write_scanned(&mut self, buf: &[u8]) -> Result<()> {
         let before = self
             .file
             .metadata()
@@ -309,13 +314,27 @@ impl Journal {
             buf.extend_from_slice(raw);
             buf.extend_from_slice(b"}\n");
         }
-        if let Err(e) = self.write_synced(&buf) {
+        if let Err(e) = self.write_scanned(&buf) {
             for ((_, id), _) in items.iter().zip(&fresh).filter(|(_, f)| **f) {
                 self.seen.remove(id);
             }
             return Err(e);
         }
         Ok(fresh)
+    }
+
+    /// [`Journal::append_inbox_lines`] for parsed messages, each with its raw line: returns the
+    /// messages that were new, in order (what a drain hands to its consumer).
+    pub fn append_inbox_messages(&mut self, parsed: Vec<(&[u8], Message)>) -> Result<Vec<Message>> {
+        // Borrowed ids: no copy per message.
+        let raw: Vec<(&[u8], &str)> = parsed.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
+        let keep = self.append_inbox_lines(&raw)?;
+        drop(raw);
+        Ok(parsed
+            .into_iter()
+            .zip(keep)
+            .filter_map(|((_, m), k)| k.then_some(m))
+            .collect())
     }
 
     /// Reads the last byte of the file (used by tests to check termination).

@@ -31,7 +31,6 @@ use serde_json::json;
 
 use super::RedisBus;
 use crate::error::{Error, Result};
-use crate::events;
 use crate::inbox::{DEFAULT_CAP, DrainPoint};
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
@@ -318,39 +317,10 @@ impl RedisInbox {
             }
         }
         if !bad.is_empty() {
-            self.set_aside(&bad)?;
+            // In the local `inbox/NAME.corrupt.jsonl`, as the file inbox does.
+            crate::inbox::set_aside(&self.team, &self.name, bad, json!({"bus": "redis"}))?;
         }
-        let raw: Vec<(&[u8], &str)> = parsed.iter().map(|(l, m)| (*l, m.id.as_str())).collect();
-        let keep = journal.append_inbox_lines(&raw)?;
-        drop(raw);
-        Ok(parsed
-            .into_iter()
-            .zip(keep)
-            .filter_map(|((_, m), k)| k.then_some(m))
-            .collect())
-    }
-
-    /// Records bad entries in the local `inbox/NAME.corrupt.jsonl` (fsynced) with an event.
-    fn set_aside(&self, bad: &[serde_json::Value]) -> Result<()> {
-        use std::io::Write;
-        let path = self.team.inbox_corrupt(&self.name);
-        crate::fsutil::create_dir(&self.team.inbox_dir())?;
-        let mut buf = Vec::new();
-        for rec in bad {
-            let mut rec = rec.clone();
-            rec["at"] = json!(crate::fsutil::now());
-            buf.extend(rec.to_string().into_bytes());
-            buf.push(b'\n');
-        }
-        let mut f = crate::fsutil::open_append(&path)?;
-        f.write_all(&buf).map_err(Error::io("append to", &path))?;
-        crate::fsutil::sync_data(&f, &path)?;
-        events::log(
-            &self.team,
-            "inbox_corrupt",
-            json!({"name": self.name, "lines": bad.len(), "bus": "redis"}),
-        );
-        Ok(())
+        journal.append_inbox_messages(parsed)
     }
 
     /// Removes the inbox's keys (its stream, group and count): for throwaway inboxes.
