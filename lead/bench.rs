@@ -68,11 +68,6 @@ pub struct BenchArgs {
     /// Run only the inbox sections (throughput and wake-up latency).
     #[arg(long)]
     inbox_only: bool,
-    /// Also measure the inbox on this Redis bus (`redis://[USER@]HOST[:PORT][/DB]`; the
-    /// password from TROUPE_BUS_PASSWORD_FILE, the systemd credential or TROUPE_BUS_PASSWORD),
-    /// under throwaway team names `bench-PID-...`.
-    #[arg(long, env = "TROUPE_BUS")]
-    bus: Option<String>,
     /// Messages each writer process appends in the Redis throughput runs.
     #[arg(long, default_value_t = 20_000)]
     redis_messages: u64,
@@ -90,9 +85,7 @@ pub struct WriterArgs {
     naive: bool,
     #[arg(long)]
     go: PathBuf,
-    /// Append to an inbox on this Redis bus, under team BUS_TEAM.
-    #[arg(long, requires = "bus_team")]
-    bus: Option<String>,
+    /// Append to an inbox on the bus (`lead --bus`) under this team.
     #[arg(long)]
     bus_team: Option<String>,
 }
@@ -105,8 +98,8 @@ fn child_bus(url: Option<&str>, team: Option<&str>) -> anyhow::Result<Option<Red
     }
 }
 
-pub fn writer(a: WriterArgs) -> anyhow::Result<u8> {
-    let bus = child_bus(a.bus.as_deref(), a.bus_team.as_deref())?;
+pub fn writer(a: WriterArgs, bus: Option<&str>) -> anyhow::Result<u8> {
+    let bus = child_bus(bus, a.bus_team.as_deref())?;
     let d = if a.naive {
         Discipline::Naive
     } else if bus.is_some() {
@@ -122,34 +115,96 @@ pub fn writer(a: WriterArgs) -> anyhow::Result<u8> {
 pub struct WaiterArgs {
     #[arg(long)]
     dir: PathBuf,
-    #[arg(long, requires = "bus_team")]
-    bus: Option<String>,
+    /// Wait on the bus (`lead --bus`) under this team.
     #[arg(long)]
     bus_team: Option<String>,
 }
 
 /// `lead bench-waiter`: the idle recipient of the wake-up measurement.
-pub fn waiter(a: WaiterArgs) -> anyhow::Result<u8> {
-    let bus = child_bus(a.bus.as_deref(), a.bus_team.as_deref())?;
+pub fn waiter(a: WaiterArgs, bus: Option<&str>) -> anyhow::Result<u8> {
+    let bus = child_bus(bus, a.bus_team.as_deref())?;
     bench::run_waiter(&a.dir, &mut std::io::stdout().lock(), bus.as_ref())?;
     Ok(0)
+}
+
+/// The command that runs [`writer`]: `lead bench-writer`, on `bus` (URL, team) if given.
+fn writer_cmd(
+    exe: &Path,
+    dir: &Path,
+    w: usize,
+    n: u64,
+    d: Discipline,
+    go: &Path,
+    bus: Option<(&str, &str)>,
+) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("bench-writer")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--writer", &w.to_string(), "--count", &n.to_string()])
+        .arg("--go")
+        .arg(go);
+    if d == Discipline::Naive {
+        c.arg("--naive");
+    }
+    if let Some((url, team)) = bus {
+        c.args(["--bus", url, "--bus-team", team]);
+    }
+    c
+}
+
+/// The command that runs [`waiter`]: `lead bench-waiter`, on `bus` (URL, team) if given.
+fn waiter_cmd(exe: &Path, dir: &Path, bus: Option<(&str, &str)>) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("bench-waiter").arg("--dir").arg(dir);
+    if let Some((url, team)) = bus {
+        c.args(["--bus", url, "--bus-team", team]);
+    }
+    die_with_parent(&mut c);
+    c
+}
+
+/// One throughput row, as progress on stderr.
+fn report(r: &bench::ThroughputResult) {
+    eprintln!(
+        "inbox {:?} drain={:?} writers={} {:.0} msgs/s lost={} dup={} \
+         (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
+        r.discipline,
+        r.drain,
+        r.writers,
+        r.msgs_per_sec,
+        r.lost,
+        r.duplicates,
+        r.writer_cpu_us_per_msg,
+        r.consumer_cpu_us_per_msg,
+        r.drains
+    );
 }
 
 /// Pause between two wake-up samples, so the waiter is asleep again when the next one is sent.
 const WAKE_GAP: Duration = Duration::from_millis(5);
 
-pub fn run(a: BenchArgs) -> anyhow::Result<u8> {
+/// `lead bench`; with `bus` (`lead --bus`, or `TROUPE_BUS`), the inbox on Redis too
+/// (`redis://[USER@]HOST[:PORT][/DB]`, the password as for every command), under throwaway
+/// team names `bench-PID-...`.
+pub fn run(a: BenchArgs, bus: Option<&str>) -> anyhow::Result<u8> {
     let started = Instant::now();
     let exe = std::env::current_exe().context("failed to find the lead binary")?;
     let scratch = tempfile_dir(a.scratch.clone())?;
-    let result = run_in(&a, &exe, &scratch, started);
+    let result = run_in(&a, bus, &exe, &scratch, started);
     let _ = std::fs::remove_dir_all(&scratch);
     let doc = result?;
     println!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(0)
 }
 
-fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow::Result<Value> {
+fn run_in(
+    a: &BenchArgs,
+    bus: Option<&str>,
+    exe: &Path,
+    scratch: &Path,
+    started: Instant,
+) -> anyhow::Result<Value> {
     if a.prompt_cache_only {
         let mut doc = json!({
             "machine": machine(scratch),
@@ -161,17 +216,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
         return Ok(doc);
     }
     let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
-        let mut c = Command::new(exe);
-        c.arg("bench-writer")
-            .arg("--dir")
-            .arg(dir)
-            .args(["--writer", &w.to_string(), "--count", &n.to_string()])
-            .arg("--go")
-            .arg(go);
-        if d == Discipline::Naive {
-            c.arg("--naive");
-        }
-        c
+        writer_cmd(exe, dir, w, n, d, go, None)
     };
     let mut throughput = Vec::new();
     for writers in [1, 4] {
@@ -181,30 +226,18 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
             (Discipline::Naive, DrainMode::Every5Ms),
         ] {
             let r = bench::inbox_throughput(scratch, writers, a.messages, d, drain, &cmd, None)?;
-            eprintln!(
-                "inbox {:?} drain={:?} writers={} {:.0} msgs/s lost={} dup={} \
-                 (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
-                r.discipline,
-                r.drain,
-                r.writers,
-                r.msgs_per_sec,
-                r.lost,
-                r.duplicates,
-                r.writer_cpu_us_per_msg,
-                r.consumer_cpu_us_per_msg,
-                r.drains
-            );
+            report(&r);
             throughput.push(r);
         }
     }
 
-    let waiter_cmd = |dir: &Path| {
-        let mut c = Command::new(exe);
-        c.arg("bench-waiter").arg("--dir").arg(dir);
-        die_with_parent(&mut c);
-        c
-    };
-    let wake = bench::wake_latency(scratch, a.wake_samples, WAKE_GAP, &waiter_cmd, None)?;
+    let wake = bench::wake_latency(
+        scratch,
+        a.wake_samples,
+        WAKE_GAP,
+        &|dir: &Path| waiter_cmd(exe, dir, None),
+        None,
+    )?;
     eprintln!(
         "wake latency ({}): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms (to drained: p99 {:.3} ms)",
         wake.waiter_mode,
@@ -223,7 +256,7 @@ fn run_in(a: &BenchArgs, exe: &Path, scratch: &Path, started: Instant) -> anyhow
     wake_json["send_to_drained"] = serde_json::to_value(&wake.send_to_drained)?;
     wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
 
-    let redis_json = match &a.bus {
+    let redis_json = match bus {
         Some(url) => section(redis_inbox(a, exe, scratch, url)),
         None => Value::Null,
     };
@@ -295,16 +328,8 @@ fn redis_inbox(a: &BenchArgs, exe: &Path, scratch: &Path, url: &str) -> anyhow::
     for writers in [1, 4] {
         let team = format!("bench-{pid}-w{writers}");
         let bus = base.for_team(&team)?;
-        let cmd = |dir: &Path, w: usize, n: u64, _: Discipline, go: &Path| {
-            let mut c = Command::new(exe);
-            c.arg("bench-writer")
-                .arg("--dir")
-                .arg(dir)
-                .args(["--writer", &w.to_string(), "--count", &n.to_string()])
-                .arg("--go")
-                .arg(go)
-                .args(["--bus", url, "--bus-team", &team]);
-            c
+        let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
+            writer_cmd(exe, dir, w, n, d, go, Some((url, &team)))
         };
         let r = bench::inbox_throughput(
             scratch,
@@ -315,31 +340,18 @@ fn redis_inbox(a: &BenchArgs, exe: &Path, scratch: &Path, url: &str) -> anyhow::
             &cmd,
             Some(&bus),
         )?;
-        eprintln!(
-            "inbox Redis drain=OnWake writers={} {:.0} msgs/s lost={} dup={} \
-             (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
-            r.writers,
-            r.msgs_per_sec,
-            r.lost,
-            r.duplicates,
-            r.writer_cpu_us_per_msg,
-            r.consumer_cpu_us_per_msg,
-            r.drains
-        );
+        report(&r);
         throughput.push(r);
     }
     let team = format!("bench-{pid}-wake");
     let bus = base.for_team(&team)?;
-    let waiter_cmd = |dir: &Path| {
-        let mut c = Command::new(exe);
-        c.arg("bench-waiter")
-            .arg("--dir")
-            .arg(dir)
-            .args(["--bus", url, "--bus-team", &team]);
-        die_with_parent(&mut c);
-        c
-    };
-    let wake = bench::wake_latency(scratch, a.wake_samples, WAKE_GAP, &waiter_cmd, Some(&bus))?;
+    let wake = bench::wake_latency(
+        scratch,
+        a.wake_samples,
+        WAKE_GAP,
+        &|dir: &Path| waiter_cmd(exe, dir, Some((url, &team))),
+        Some(&bus),
+    )?;
     eprintln!(
         "wake latency (redis): p50 {:.3} ms, p99 {:.3} ms (to drained: p99 {:.3} ms)",
         wake.send_to_woken.p50_ms, wake.send_to_woken.p99_ms, wake.send_to_drained.p99_ms

@@ -107,10 +107,20 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Some(url) = &cli.bus {
+    let bench = matches!(
+        cli.command,
+        Cmd::Bench(_) | Cmd::BenchWriter(_) | Cmd::BenchWaiter(_)
+    );
+    if bench {
+        // The bench picks the bus of each measurement itself (the file bus always, the Redis
+        // one with `--bus`): no team dir it opens, and no process it starts, may take the
+        // environment's.
+        // SAFETY: no other thread exists yet (nothing has been started since main began).
+        unsafe { std::env::remove_var(troupe::bus::BUS_ENV) };
+    } else if let Some(url) = &cli.bus {
         // Every team dir this process opens reads the bus from the environment, and the
         // workers it starts inherit it.
-        // SAFETY: no other thread exists yet (nothing has been started since main began).
+        // SAFETY: as above.
         unsafe { std::env::set_var(troupe::bus::BUS_ENV, url) };
     }
     // The conversational commands share the terminal with a person: only warnings there.
@@ -190,9 +200,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Up(a) => up::run(team_dir, a),
         Cmd::Chat(a) => chat::run(team_dir, a),
         Cmd::Demo(a) => demo::run(a),
-        Cmd::Bench(args) => bench::run(args),
-        Cmd::BenchWriter(args) => bench::writer(args),
-        Cmd::BenchWaiter(args) => bench::waiter(args),
+        Cmd::Bench(args) => bench::run(args, cli.bus.as_deref()),
+        Cmd::BenchWriter(args) => bench::writer(args, cli.bus.as_deref()),
+        Cmd::BenchWaiter(args) => bench::waiter(args, cli.bus.as_deref()),
     }
 }
 

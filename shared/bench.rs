@@ -103,6 +103,16 @@ fn bench_name() -> AgentName {
     AgentName::teammate("bench").expect("valid name")
 }
 
+/// Message `seq` of writer `writer`: "WRITER:SEQ", as the consumer counts them.
+fn bench_message(writer: usize, seq: u64) -> Message {
+    Message::new(
+        MessageType::Message,
+        "lead",
+        "bench",
+        format!("{writer}:{seq}"),
+    )
+}
+
 /// The writer side, run in a child process: wait for `go`, then append `count` messages.
 pub fn run_writer(
     team: &Path,
@@ -123,24 +133,14 @@ pub fn run_writer(
             let bus = bus.ok_or_else(|| Error::Protocol("the Redis bench needs a bus".into()))?;
             let inbox = RedisInbox::new(bus, &team, &name);
             for seq in 0..count {
-                let m = Message::new(
-                    MessageType::Message,
-                    "lead",
-                    "bench",
-                    format!("{writer}:{seq}"),
-                );
+                let m = bench_message(writer, seq);
                 inbox.append(&m)?;
             }
         }
         Discipline::Troupe => {
             let mut w = inbox.writer()?;
             for seq in 0..count {
-                let m = Message::new(
-                    MessageType::Message,
-                    "lead",
-                    "bench",
-                    format!("{writer}:{seq}"),
-                );
+                let m = bench_message(writer, seq);
                 w.append(&m, Durability::ProcessCrash)?;
             }
         }
@@ -152,12 +152,7 @@ pub fn run_writer(
                 .open(&path)
                 .map_err(Error::io("open", &path))?;
             for seq in 0..count {
-                let m = Message::new(
-                    MessageType::Message,
-                    "lead",
-                    "bench",
-                    format!("{writer}:{seq}"),
-                );
+                let m = bench_message(writer, seq);
                 f.write_all(&m.to_line()?)
                     .map_err(Error::io("append to", &path))?;
             }
