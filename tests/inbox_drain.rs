@@ -9,12 +9,13 @@ mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::child::{self, Rng};
-use troupe::inbox::{DEFAULT_CAP, DrainPoint, Durability, Inbox, reclaim_at};
+use support::drain;
+use troupe::inbox::{DEFAULT_CAP, Durability, Inbox, reclaim_at};
 use troupe::message::{Message, MessageType};
-use troupe::transcript::{Entry, Journal};
+use troupe::transcript::Journal;
 use troupe::{AgentName, TeamDir};
 
 fn alice() -> AgentName {
@@ -57,62 +58,24 @@ fn writer(vars: &HashMap<String, String>) {
     }
 }
 
-fn point_named(s: &str) -> DrainPoint {
-    match s {
-        "read" => DrainPoint::Read,
-        "journaled" => DrainPoint::Journaled,
-        "reset" => DrainPoint::Reset,
-        "marked" => DrainPoint::Marked,
-        _ => panic!("unknown point {s}"),
-    }
-}
-
 /// Drains (with the inbox's cap CAP, so reclaims come often) until the NTH time it reaches
 /// POINT, and dies there by SIGKILL; gives up after two seconds.
 fn killed_drainer(vars: &HashMap<String, String>) {
     let team = team_from(vars);
     let cap: u64 = vars["CAP"].parse().unwrap();
-    let point = point_named(&vars["POINT"]);
-    let nth: u64 = vars["NTH"].parse().unwrap();
     let inbox = Inbox::new(&team, &alice()).with_cap(cap);
     let mut journal = open_journal(&team);
-    let mut waiter = troupe::wait::InboxWaiter::new(&inbox).unwrap();
-    let mut hits = 0;
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
-        // As a worker does: drain when something is there.
-        waiter.wait(Some(Duration::from_millis(10)), &[]).unwrap();
-        inbox
-            .drain_with(&mut journal, |p, _| {
-                if p == point {
-                    hits += 1;
-                    if hits == nth {
-                        nix::sys::signal::kill(
-                            nix::unistd::getpid(),
-                            nix::sys::signal::Signal::SIGKILL,
-                        )
-                        .unwrap();
-                    }
-                }
-            })
-            .unwrap();
-    }
+    drain::drain_until_killed(
+        &inbox,
+        &mut journal,
+        drain::point_named(&vars["POINT"]),
+        vars["NTH"].parse().unwrap(),
+    );
 }
 
 #[test]
 fn child() {
     child::dispatch(&[("writer", writer), ("killed_drainer", killed_drainer)]);
-}
-
-fn consumed_ids(team: &TeamDir) -> Vec<(String, String)> {
-    troupe::transcript::read_entries(&team.transcript(&alice()))
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| match e {
-            Entry::Inbox { message } => Some((message.id, message.content)),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]
@@ -128,7 +91,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
     // Each writer's acknowledgements, read as they come (a full pipe would stop the writer).
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
-            let mut c = child::spawn(
+            drain::spawn_acked(
                 "writer",
                 &[
                     ("TEAM", root.clone()),
@@ -137,14 +100,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
                     ("PAUSE_US", "100".into()),
                     ("SIZE", "120".into()),
                 ],
-            );
-            let mut out = c.stdout.take().unwrap();
-            let acks = std::thread::spawn(move || {
-                let mut text = Vec::new();
-                std::io::Read::read_to_end(&mut out, &mut text).unwrap();
-                child::reports(&text, "ok ")
-            });
-            (c, acks)
+            )
         })
         .collect();
     let mut rng = Rng::seeded();
@@ -166,11 +122,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
         )
         .wait_with_output()
         .unwrap();
-        if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(9) {
-            *kills.entry(point).or_default() += 1;
-        } else {
-            assert!(out.status.success(), "drainer failed: {:?}", out.status);
-        }
+        drain::count_kill(&out, point, &mut kills);
         round += 1;
     }
     std::fs::write(&stop, b"").unwrap();
@@ -191,7 +143,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
     assert!(inbox.is_empty());
     drop(journal);
 
-    let got = consumed_ids(&team);
+    let got = drain::journaled(&team, &alice());
     let ids: HashSet<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids.len(), got.len(), "a message was consumed twice");
     let missing = acked.iter().filter(|id| !ids.contains(id.as_str())).count();

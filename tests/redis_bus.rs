@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::child::{self, Rng};
+use support::drain;
 use support::redis_server::RedisServer;
 use troupe::bus::{PASSWORD_ENV, RedisBus, RedisInbox};
-use troupe::inbox::DrainPoint;
 use troupe::message::{Message, MessageType};
-use troupe::transcript::{Entry, Journal};
+use troupe::transcript::Journal;
 use troupe::wait::Wake;
 use troupe::{AgentName, Error, TeamDir};
 
@@ -59,38 +59,18 @@ fn writer(vars: &HashMap<String, String>) {
     }
 }
 
-/// Drains until the NTH time it reaches POINT and dies there by SIGKILL (gives up after 2 s).
+/// Drains, through the inbox seam on the bus, until the NTH time it reaches POINT and dies
+/// there by SIGKILL (gives up after 2 s).
 fn killed_drainer(vars: &HashMap<String, String>) {
-    let bus = bus_from(vars);
-    let team = team_from(vars);
-    let point = match vars["POINT"].as_str() {
-        "read" => DrainPoint::Read,
-        "journaled" => DrainPoint::Journaled,
-        _ => DrainPoint::Marked,
-    };
-    let nth: u64 = vars["NTH"].parse().unwrap();
-    let inbox = RedisInbox::new(&bus, &team, &alice());
-    let mut waiter = inbox.waiter().unwrap();
+    let team = team_from(vars).with_bus(Some(bus_from(vars)));
+    let inbox = troupe::inbox::Inbox::new(&team, &alice());
     let mut journal = open_journal(&team);
-    let mut hits = 0;
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
-        waiter.wait(Some(Duration::from_millis(10)), &[]).unwrap();
-        inbox
-            .drain_with(&mut journal, |p, _| {
-                if p == point {
-                    hits += 1;
-                    if hits == nth {
-                        nix::sys::signal::kill(
-                            nix::unistd::getpid(),
-                            nix::sys::signal::Signal::SIGKILL,
-                        )
-                        .unwrap();
-                    }
-                }
-            })
-            .unwrap();
-    }
+    drain::drain_until_killed(
+        &inbox,
+        &mut journal,
+        drain::point_named(&vars["POINT"]),
+        vars["NTH"].parse().unwrap(),
+    );
 }
 
 #[test]
@@ -227,20 +207,13 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
     };
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
-            let mut c = child::spawn(
+            drain::spawn_acked(
                 "writer",
                 &env(&[
                     ("WRITER", w.to_string()),
                     ("STOP", stop.display().to_string()),
                 ]),
-            );
-            let mut out = c.stdout.take().unwrap();
-            let acks = std::thread::spawn(move || {
-                let mut text = Vec::new();
-                std::io::Read::read_to_end(&mut out, &mut text).unwrap();
-                child::reports(&text, "ok ")
-            });
-            (c, acks)
+            )
         })
         .collect();
     let mut rng = Rng::seeded();
@@ -257,11 +230,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
         )
         .wait_with_output()
         .unwrap();
-        if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(9) {
-            *kills.entry(point).or_default() += 1;
-        } else {
-            assert!(out.status.success(), "drainer failed: {:?}", out.status);
-        }
+        drain::count_kill(&out, point, &mut kills);
     }
     std::fs::write(&stop, b"").unwrap();
     let mut acked: HashSet<String> = HashSet::new();
@@ -276,14 +245,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
     assert!(inbox.is_empty().unwrap());
     assert_eq!(inbox.len().unwrap(), 0, "the byte count drifted");
     drop(journal);
-    let got: Vec<(String, String)> = troupe::transcript::read_entries(&team.transcript(&alice()))
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| match e {
-            Entry::Inbox { message } => Some((message.id, message.content)),
-            _ => None,
-        })
-        .collect();
+    let got = drain::journaled(&team, &alice());
     let ids: HashSet<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids.len(), got.len(), "a message was consumed twice");
     let missing = acked.iter().filter(|id| !ids.contains(id.as_str())).count();

@@ -7,6 +7,7 @@
 
 pub mod child;
 pub mod cli;
+pub mod drain;
 pub mod fake_llm;
 pub mod redis_server;
 pub mod team;
