@@ -344,7 +344,17 @@ impl TeamConfig {
     }
 }
 
-/// Access to a team's `config.json`.
+/// The roster's key on a bus (`troupe:{TEAM}:roster`, the JSON of config.json).
+const ROSTER_KEY: &str = "roster";
+
+fn parse_on_bus(bus: &crate::bus::RedisBus, bytes: &[u8]) -> Result<TeamConfig> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+        path: std::path::PathBuf::from(bus.key(ROSTER_KEY)),
+        why: e.to_string(),
+    })
+}
+
+/// Access to a team's `config.json`, or to its roster on the team's bus when it has one.
 #[derive(Debug, Clone)]
 pub struct Roster {
     team: TeamDir,
@@ -359,6 +369,12 @@ impl Roster {
     /// Reads the roster (an empty team if the file does not exist). A file that does not parse
     /// is an error and is left as it is.
     pub fn load(&self) -> Result<TeamConfig> {
+        if let Some(bus) = self.team.bus() {
+            return match bus.get_doc(ROSTER_KEY)? {
+                None => Ok(TeamConfig::default()),
+                Some(bytes) => parse_on_bus(bus, &bytes),
+            };
+        }
         let path = self.team.config();
         match fsutil::read_optional(&path)? {
             None => Ok(TeamConfig::default()),
@@ -372,6 +388,22 @@ impl Roster {
     /// Reads, changes and durably replaces the roster under `config.lock`. If `f` fails, nothing
     /// is written. Nothing is written either if `f` changed nothing.
     pub fn update<R>(&self, f: impl FnOnce(&mut TeamConfig) -> Result<R>) -> Result<R> {
+        if let Some(bus) = self.team.bus() {
+            return bus.locked_doc(ROSTER_KEY, |bytes| {
+                let before = match bytes {
+                    None => TeamConfig::default(),
+                    Some(b) => parse_on_bus(bus, &b)?,
+                };
+                let mut cfg = before.clone();
+                let out = f(&mut cfg)?;
+                if cfg == before {
+                    return Ok((None, out));
+                }
+                let bytes = serde_json::to_vec(&cfg)
+                    .map_err(|e| Error::Protocol(format!("failed to serialize config: {e}")))?;
+                Ok((Some(bytes), out))
+            });
+        }
         let lock_path = self.team.config_lock();
         let lock = fsutil::open_lock(&lock_path)?;
         let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;

@@ -39,6 +39,9 @@ pub fn try_log(team: &TeamDir, event: &str, fields: Value) -> Result<()> {
     serde_json::to_writer(&mut line, &Value::Object(obj))
         .map_err(|e| Error::Protocol(format!("failed to serialize event: {e}")))?;
     line.push(b'\n');
+    if let Some(bus) = team.bus() {
+        return crate::bus::log_event(bus, &line[1..line.len() - 1]);
+    }
     let lock_path = team.events_lock();
     let lock = fsutil::open_lock(&lock_path)?;
     let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
@@ -49,10 +52,23 @@ pub fn try_log(team: &TeamDir, event: &str, fields: Value) -> Result<()> {
 
 /// Reads every complete event line (tests, `lead demo`, `lead status`).
 pub fn read_all(team: &TeamDir) -> Result<Vec<Value>> {
+    if let Some(bus) = team.bus() {
+        return Ok(read_bus(bus, 0)?.0);
+    }
     let Some(bytes) = fsutil::read_optional(&team.events())? else {
         return Ok(Vec::new());
     };
     Ok(parse_lines(&bytes))
+}
+
+/// The events on `bus` after position `after`, and the position of the last one.
+fn read_bus(bus: &crate::bus::RedisBus, after: u64) -> Result<(Vec<Value>, u64)> {
+    let (lines, last) = crate::bus::read_events(bus, after)?;
+    let mut out = Vec::with_capacity(lines.len());
+    for l in lines {
+        out.extend(parse_lines(&l));
+    }
+    Ok((out, last))
 }
 
 /// The events among `bytes`, one JSON object per line. Empty lines are skipped; a line that is
@@ -75,8 +91,14 @@ fn parse_lines(bytes: &[u8]) -> Vec<Value> {
 /// Reads the complete event lines after byte `offset`, returning them with the offset just past
 /// the last complete line (for following the log as it grows, as `lead demo` does). A partly
 /// written last line is left for the next call.
+///
+/// On a bus the offset is the position in the event stream instead (see
+/// [`crate::bus::read_events`]).
 pub fn read_from(team: &TeamDir, offset: u64) -> Result<(Vec<Value>, u64)> {
     use std::io::{Read, Seek, SeekFrom};
+    if let Some(bus) = team.bus() {
+        return read_bus(bus, offset);
+    }
     let path = team.events();
     let mut f = match std::fs::File::open(&path) {
         Ok(f) => f,

@@ -27,13 +27,28 @@ pub(crate) struct Records<'a> {
     pub lock: fn(&TeamDir, &str) -> Result<PathBuf>,
     /// The error for an id that names no record.
     pub unknown: fn(String) -> Error,
-    /// What a record is, in error messages.
+    /// What a record is, in error messages, and its keys on a bus (`NOUN:ID`, the index set
+    /// `NOUNs`).
     pub noun: &'static str,
 }
 
 impl Records<'_> {
     /// A fresh id, reserved by creating its lock file (a collision draws again).
     pub fn reserve_id(&self) -> Result<String> {
+        if let Some(bus) = self.team.bus() {
+            let index = bus.key(&self.index());
+            loop {
+                let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+                // SADD answers 1 for an id new to the set: reserved. (Run twice after a lost
+                // reply, it answers 0 and a new id is drawn; the first stays unused.)
+                let added: i64 = bus.with_conn("reserve an id", |c| {
+                    redis::cmd("SADD").arg(&index).arg(&id).query(c)
+                })?;
+                if added == 1 {
+                    return Ok(id);
+                }
+            }
+        }
         fsutil::create_dir(&(self.dir)(self.team))?;
         loop {
             let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -54,15 +69,52 @@ impl Records<'_> {
     /// The record `id`, or `None` when its file is not there.
     fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
         let path = (self.file)(self.team, id)?;
-        let Some(bytes) = fsutil::read_optional(&path)? else {
+        let bytes = match self.team.bus() {
+            Some(bus) => bus.get_doc(&self.key(id))?,
+            None => fsutil::read_optional(&path)?,
+        };
+        let Some(bytes) = bytes else {
             return Ok(None);
         };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::Corrupt {
-                path,
-                why: e.to_string(),
-            })
+        self.parse(id, &bytes).map(Some)
+    }
+
+    fn parse<T: DeserializeOwned>(&self, id: &str, bytes: &[u8]) -> Result<T> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+            path: match self.team.bus() {
+                Some(bus) => PathBuf::from(bus.key(&self.key(id))),
+                None => (self.file)(self.team, id).unwrap_or_default(),
+            },
+            why: e.to_string(),
+        })
+    }
+
+    /// Record `id`'s key on a bus.
+    fn key(&self, id: &str) -> String {
+        format!("{}:{id}", self.noun)
+    }
+
+    /// The key of the set of ids on a bus.
+    fn index(&self) -> String {
+        format!("{}s", self.noun)
+    }
+
+    /// Every record on the bus.
+    fn list_bus<T: DeserializeOwned>(&self, bus: &crate::bus::RedisBus) -> Result<Vec<T>> {
+        let index = bus.key(&self.index());
+        let mut ids: Vec<String> =
+            bus.with_conn("list", |c| redis::cmd("SMEMBERS").arg(&index).query(c))?;
+        ids.retain(|id| (self.file)(self.team, id).is_ok());
+        let keys: Vec<String> = ids.iter().map(|id| self.key(id)).collect();
+        let mut out = Vec::new();
+        for (id, bytes) in ids.iter().zip(bus.get_docs(&keys)?) {
+            match bytes.map(|b| self.parse(id, &b)) {
+                Some(Ok(r)) => out.push(r),
+                Some(Err(e)) => tracing::warn!("skipping {}: {e}", self.noun),
+                None => {}
+            }
+        }
+        Ok(out)
     }
 
     /// The record `id`.
@@ -73,6 +125,9 @@ impl Records<'_> {
     /// Every record, in no order. Files that are not records are ignored; unreadable records
     /// are reported with a warning and skipped.
     pub fn list<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
+        if let Some(bus) = self.team.bus() {
+            return self.list_bus(bus);
+        }
         let dir = (self.dir)(self.team);
         let rd = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
@@ -105,6 +160,9 @@ impl Records<'_> {
         T: Serialize + DeserializeOwned + Clone + PartialEq,
     {
         let path = (self.file)(self.team, id)?;
+        if let Some(bus) = self.team.bus() {
+            return self.locked_bus(bus, id, f);
+        }
         let lock_path = (self.lock)(self.team, id)?;
         if !lock_path.exists() && !path.exists() {
             return Err((self.unknown)(id.to_owned()));
@@ -124,5 +182,40 @@ impl Records<'_> {
             Some(same) => Ok(same),
             None => before.ok_or_else(|| (self.unknown)(id.to_owned())),
         }
+    }
+
+    /// [`Records::locked`] on the bus: the record's lock is a lease on the server and the write
+    /// is fenced by it (see [`crate::bus`]).
+    fn locked_bus<T>(
+        &self,
+        bus: &crate::bus::RedisBus,
+        id: &str,
+        f: impl FnOnce(Option<T>) -> Result<Option<T>>,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + PartialEq,
+    {
+        let index = bus.key(&self.index());
+        let known: bool = bus.with_conn("look up", |c| {
+            redis::cmd("SISMEMBER").arg(&index).arg(id).query(c)
+        })?;
+        if !known {
+            return Err((self.unknown)(id.to_owned()));
+        }
+        bus.locked_doc(&self.key(id), |bytes| {
+            let before: Option<T> = bytes.map(|b| self.parse(id, &b)).transpose()?;
+            match f(before.clone())? {
+                Some(next) if Some(&next) != before.as_ref() => {
+                    let bytes = serde_json::to_vec(&next).map_err(|e| {
+                        Error::Protocol(format!("failed to serialize {}: {e}", self.noun))
+                    })?;
+                    Ok((Some(bytes), next))
+                }
+                Some(same) => Ok((None, same)),
+                None => before
+                    .map(|b| (None, b))
+                    .ok_or_else(|| (self.unknown)(id.to_owned())),
+            }
+        })
     }
 }

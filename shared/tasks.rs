@@ -161,10 +161,16 @@ impl TaskStore {
     /// creation happen under the board's key lock (`tasks/keys.lock`), so of two processes
     /// applying the same file at once exactly one creates it.
     pub fn create_keyed(&self, key: &str, new: NewTask) -> Result<(Task, bool)> {
-        fsutil::create_dir(&self.team.tasks_dir())?;
         let lock_path = self.team.task_keys_lock();
-        let lock = fsutil::open_lock(&lock_path)?;
-        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
+        let file;
+        let (_on_bus, _on_file) = match self.team.bus() {
+            Some(bus) => (Some(bus.lock("tasks:keys")?), None),
+            None => {
+                fsutil::create_dir(&self.team.tasks_dir())?;
+                file = fsutil::open_lock(&lock_path)?;
+                (None, Some(fsutil::lock_exclusive(&file, &lock_path)?))
+            }
+        };
         if let Some(t) = self.by_key(key)? {
             return Ok((t, false));
         }

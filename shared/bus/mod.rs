@@ -14,8 +14,10 @@
 //!
 //! Keys are `troupe:{TEAM}:...`, so teams can share a server.
 
+mod redis_doc;
 mod redis_inbox;
 
+pub use redis_doc::{ChangeFeed, FEED_LEN, LEASE};
 pub use redis_inbox::{RedisInbox, RedisWaiter};
 
 use std::fmt;
@@ -148,6 +150,39 @@ impl RedisBus {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
+    /// Runs `f` on a connection of the pool (opening one if needed); a failed call drops the
+    /// pool (the next call opens a new connection) and is retried once when it failed on the
+    /// connection itself, not on what the server said. So `f` must be safe to run twice.
+    pub(crate) fn with_conn<T>(
+        &self,
+        what: &str,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        for attempt in 0..2 {
+            let mut conn = self.take()?;
+            match f(&mut conn) {
+                Ok(v) => {
+                    self.give_back(conn);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    // The server's own refusals leave the connection usable; anything else
+                    // drops it (the next call opens a new one).
+                    let broken = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
+                    if broken {
+                        self.clear_pool();
+                    } else {
+                        self.give_back(conn);
+                    }
+                    if attempt == 1 || !broken {
+                        return Err(bad(what, e.to_string()));
+                    }
+                }
+            }
+        }
+        unreachable!("two attempts")
+    }
+
     /// A new connection (authenticated), with `timeout` for connecting.
     pub fn connect(&self, timeout: Duration) -> Result<redis::Connection> {
         let client =
@@ -156,6 +191,54 @@ impl RedisBus {
             .get_connection_with_timeout(timeout)
             .map_err(|e| bad(&self.url, format!("cannot connect: {e}")))
     }
+}
+
+/// Events kept in the team's event stream (approximately: `MAXLEN ~`); the file log is never
+/// trimmed, but a server's memory is not a disk.
+pub const EVENTS_LEN: u64 = 100_000;
+
+/// Appends one event line (a JSON object) to the stream `troupe:{TEAM}:events`.
+pub(crate) fn log_event(bus: &RedisBus, line: &[u8]) -> Result<()> {
+    let key = bus.key("events");
+    bus.with_conn("log an event", |c| {
+        redis::cmd("XADD")
+            .arg(&key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(EVENTS_LEN)
+            .arg("*")
+            .arg("e")
+            .arg(line)
+            .query::<()>(c)
+    })
+}
+
+/// The event lines after position `after` (0: from the first), and the position of the last
+/// one read (or `after`). A position is the entry's stream id `MS-SEQ` as `MS * 1,000,000 +
+/// SEQ` (a million events in one millisecond would be needed to confuse two).
+pub(crate) fn read_events(bus: &RedisBus, after: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+    let key = bus.key("events");
+    let start = if after == 0 {
+        "-".to_owned()
+    } else {
+        format!("({}-{}", after / 1_000_000, after % 1_000_000)
+    };
+    let v: redis::Value = bus.with_conn("read events", |c| {
+        redis::cmd("XRANGE").arg(&key).arg(&start).arg("+").query(c)
+    })?;
+    let mut last = after;
+    let mut lines = Vec::new();
+    for (id, line) in redis_inbox::range_entries(&v, "e") {
+        if let Some((ms, seq)) = id.split_once('-')
+            && let (Ok(ms), Ok(seq)) = (ms.parse::<u64>(), seq.parse::<u64>())
+        {
+            last = ms * 1_000_000 + seq;
+        }
+        if let Some(l) = line {
+            lines.push(l.to_vec());
+        }
+    }
+    Ok((lines, last))
 }
 
 /// Splits the team name off a bus URL and refuses one that carries a password or is not Redis.

@@ -89,13 +89,6 @@ impl std::fmt::Debug for RedisInbox {
     }
 }
 
-fn bus_err(what: &str, e: redis::RedisError) -> Error {
-    Error::Bus {
-        what: what.to_owned(),
-        why: e.to_string(),
-    }
-}
-
 impl RedisInbox {
     /// The inbox of `name` on `bus`; `team` is the local team dir (events, bad entries set
     /// aside).
@@ -124,37 +117,12 @@ impl RedisInbox {
         &self.name
     }
 
-    /// Runs `f` on the connection, opening it if needed; a failed call drops the connection
-    /// (the next call opens a new one) and is retried once when it failed on the connection
-    /// itself, not on what the server said.
     fn with_conn<T>(
         &self,
         what: &str,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        for attempt in 0..2 {
-            let mut conn = self.bus.take()?;
-            match f(&mut conn) {
-                Ok(v) => {
-                    self.bus.give_back(conn);
-                    return Ok(v);
-                }
-                Err(e) => {
-                    // The server's own refusals leave the connection usable; anything else
-                    // drops it (the next call opens a new one).
-                    let broken = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
-                    if broken {
-                        self.bus.clear_pool();
-                    } else {
-                        self.bus.give_back(conn);
-                    }
-                    if attempt == 1 || !broken {
-                        return Err(bus_err(what, e));
-                    }
-                }
-            }
-        }
-        unreachable!("two attempts")
+        self.bus.with_conn(what, f)
     }
 
     /// Creates the stream and its group if they do not exist.
@@ -487,6 +455,11 @@ fn stream_entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
 /// `[[id, [field, value, ...]], ...]` as `(id, value of m)`; an entry deleted while pending
 /// comes back with no fields.
 fn entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
+    range_entries(v, "m")
+}
+
+/// `[[id, [field, value, ...]], ...]` as `(id, value of field)`.
+pub(super) fn range_entries<'v>(v: &'v Value, field: &str) -> Vec<(&'v str, Option<&'v [u8]>)> {
     let Value::Array(items) = v else {
         return Vec::new();
     };
@@ -498,7 +471,7 @@ fn entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
             let line = match pair.get(1) {
                 Some(Value::Array(fields)) => fields
                     .chunks(2)
-                    .find(|f| f.first().and_then(text) == Some("m"))
+                    .find(|f| f.first().and_then(text) == Some(field))
                     .and_then(|f| match f.get(1) {
                         Some(Value::BulkString(b)) => Some(&b[..]),
                         _ => None,
@@ -508,4 +481,14 @@ fn entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
             Some((id, line))
         })
         .collect()
+}
+
+/// The id of the first entry of an `XRANGE`/`XREVRANGE` reply.
+pub(super) fn first_id(v: &Value) -> Option<String> {
+    entries(v).first().map(|(id, _)| (*id).to_owned())
+}
+
+/// The id of the last entry of an `XREAD` reply.
+pub(super) fn last_stream_id(v: &Value) -> Option<String> {
+    stream_entries(v).last().map(|(id, _)| (*id).to_owned())
 }

@@ -1,0 +1,249 @@
+//! Documents on Redis: the roster, each request and each task, one string key each, changed
+//! the way the files are (read, decide, write) under a lock of their own, so that of two
+//! processes racing to change one exactly one wins and the other sees what it lost to.
+//!
+//! - **The lock** is the key `DOC:lock`, set to a fresh token with `NX` and a lease (`PX`): a
+//!   holder killed with `kill -9` holds it at most [`LEASE`]. Taking it is a script that also
+//!   accepts the caller's own token, so a reply lost with the connection and a retry do not lock
+//!   the caller out of its own lock.
+//! - **The write** is a script that sets the document only while the lock still holds the
+//!   writer's token (a writer that outlived its lease, stopped or swapped out, writes nothing and
+//!   is told so), and adds the key to the team's change feed in the same step.
+//! - **The change feed** is the stream `troupe:{TEAM}:changes`, capped at about
+//!   [`FEED_LEN`] entries: a supervisor blocks on it instead of watching files with inotify.
+//! - **Release** deletes the lock only while it holds the caller's token.
+
+use std::time::{Duration, Instant};
+
+use super::RedisBus;
+use crate::error::{Error, Result};
+
+/// How long a lock outlives a holder that died without releasing it.
+pub const LEASE: Duration = Duration::from_secs(10);
+/// The longest a caller waits for a lock before it gives up.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// Entries kept in the change feed (approximately: `MAXLEN ~`).
+pub const FEED_LEN: u64 = 1000;
+
+/// KEYS: lock. ARGV: token, lease in ms. 1 when the caller holds the lock now.
+const TAKE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+/// KEYS: document, lock, change feed. ARGV: token, the document, the feed's cap. 0 when the lock
+/// is no longer the caller's (nothing written).
+const WRITE: &str = r"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'k', KEYS[1])
+return 1
+";
+
+/// KEYS: lock. ARGV: token.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// A lock held on the bus; released when dropped (a failed release is left to the lease).
+pub(crate) struct BusLock<'a> {
+    bus: &'a RedisBus,
+    key: String,
+    token: String,
+}
+
+impl Drop for BusLock<'_> {
+    fn drop(&mut self) {
+        let r = self.bus.with_conn("release a lock", |c| {
+            redis::Script::new(RELEASE)
+                .key(&self.key)
+                .arg(&self.token)
+                .invoke::<i64>(c)
+        });
+        if let Err(e) = r {
+            tracing::warn!("{e} (it lapses by itself within {} s)", LEASE.as_secs());
+        }
+    }
+}
+
+impl RedisBus {
+    /// Takes the lock `KEY:lock` of the team's key `key` (`key` is the part after
+    /// `troupe:{TEAM}:`), waiting while another process holds it.
+    pub(crate) fn lock(&self, key: &str) -> Result<BusLock<'_>> {
+        let key = format!("{}:lock", self.key(key));
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let held: i64 = self.with_conn("take a lock", |c| {
+                redis::Script::new(TAKE)
+                    .key(&key)
+                    .arg(&token)
+                    .arg(LEASE.as_millis() as u64)
+                    .invoke(c)
+            })?;
+            if held == 1 {
+                return Ok(BusLock {
+                    bus: self,
+                    key,
+                    token,
+                });
+            }
+            if started.elapsed() > PATIENCE {
+                return Err(Error::Bus {
+                    what: key,
+                    why: format!("held by another process for over {} s", PATIENCE.as_secs()),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// The document `key`, if it exists.
+    pub(crate) fn get_doc(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let key = self.key(key);
+        self.with_conn("read", |c| {
+            redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(c)
+        })
+    }
+
+    /// The documents `keys`, in order (`None` for one that does not exist).
+    pub(crate) fn get_docs(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = keys.iter().map(|k| self.key(k)).collect();
+        self.with_conn("read", |c| {
+            redis::cmd("MGET")
+                .arg(&keys)
+                .query::<Vec<Option<Vec<u8>>>>(c)
+        })
+    }
+
+    /// Reads document `key` under its lock, lets `f` decide its next bytes (`None`: no change)
+    /// and writes them, fenced by the lock (see the module docs).
+    pub(crate) fn locked_doc<R>(
+        &self,
+        key: &str,
+        f: impl FnOnce(Option<Vec<u8>>) -> Result<(Option<Vec<u8>>, R)>,
+    ) -> Result<R> {
+        let lock = self.lock(key)?;
+        let before = self.get_doc(key)?;
+        let (next, out) = f(before.clone())?;
+        if let Some(bytes) = next
+            && Some(&bytes) != before.as_ref()
+        {
+            let doc = self.key(key);
+            let feed = self.key("changes");
+            let written: i64 = self.with_conn("write", |c| {
+                redis::Script::new(WRITE)
+                    .key(&doc)
+                    .key(&lock.key)
+                    .key(&feed)
+                    .arg(&lock.token)
+                    .arg(&bytes)
+                    .arg(FEED_LEN)
+                    .invoke(c)
+            })?;
+            if written != 1 {
+                return Err(Error::Bus {
+                    what: doc,
+                    why: format!(
+                        "the lock lapsed before the write (held over {} s); nothing was \
+                         written",
+                        LEASE.as_secs()
+                    ),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds `key` to the team's change feed (a change that is not a document write: a host's
+    /// stop, say).
+    pub(crate) fn announce(&self, key: &str) -> Result<()> {
+        let feed = self.key("changes");
+        let key = self.key(key);
+        self.with_conn("announce a change", |c| {
+            redis::cmd("XADD")
+                .arg(&feed)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(FEED_LEN)
+                .arg("*")
+                .arg("k")
+                .arg(&key)
+                .query::<()>(c)
+        })
+    }
+}
+
+/// A follower of the team's change feed: [`ChangeFeed::wait`] returns when something changed
+/// after the follower started (or after its last wait), or when `timeout` passes.
+pub struct ChangeFeed {
+    bus: RedisBus,
+    last: String,
+}
+
+impl ChangeFeed {
+    /// Follows the feed of `bus` from now on.
+    pub fn new(bus: &RedisBus) -> ChangeFeed {
+        ChangeFeed {
+            bus: bus.clone(),
+            last: "$".to_owned(),
+        }
+    }
+
+    /// Blocks until a change or `timeout`; true on a change. A broken server is an error (the
+    /// caller sleeps and tries again).
+    pub fn wait(&mut self, timeout: Duration) -> Result<bool> {
+        let feed = self.bus.key("changes");
+        if self.last == "$" {
+            // Pin the start now, so a change between this call and the read is not missed.
+            let v: redis::Value = self.bus.with_conn("read the change feed", |c| {
+                redis::cmd("XREVRANGE")
+                    .arg(&feed)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1)
+                    .query(c)
+            })?;
+            self.last = super::redis_inbox::first_id(&v).unwrap_or_else(|| "0-0".to_owned());
+        }
+        let ms = timeout.as_millis().clamp(1, 60_000) as u64;
+        let last = self.last.clone();
+        let v: redis::Value = self.bus.with_conn("wait on the change feed", |c| {
+            redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(FEED_LEN)
+                .arg("BLOCK")
+                .arg(ms)
+                .arg("STREAMS")
+                .arg(&feed)
+                .arg(&last)
+                .query(c)
+        })?;
+        match super::redis_inbox::last_stream_id(&v) {
+            Some(id) => {
+                self.last = id;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
