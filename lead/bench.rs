@@ -892,6 +892,7 @@ fn spawn_phase(
                         budget_usd: None,
                         budget_tokens: None,
                         worktree: false,
+                        host: None,
                     },
                 )?;
                 at.push(t0.elapsed());

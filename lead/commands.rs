@@ -51,6 +51,10 @@ pub struct SpawnArgs {
     /// team dir (`<repo>.troupe/NAME`), as its working dir; kept across restarts.
     #[arg(long)]
     worktree: bool,
+    /// On a team spread over machines (a bus): the host whose `lead run --host H` runs it
+    /// (default: the first supervisor that starts it).
+    #[arg(long)]
+    host: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -92,6 +96,7 @@ pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
             budget_usd: a.budget_usd,
             budget_tokens: a.budget_tokens,
             worktree: a.worktree,
+            host: a.host,
         },
     )?;
     if a.json {
@@ -229,7 +234,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                     "name": m.name, "role": m.role, "status": m.status, "pid": m.pid,
                     "incarnation": m.incarnation, "restarts": m.restarts, "last_exit": m.last_exit,
                     "usage": m.usage, "calls": m.calls, "pending_requests": pending_of(&m.name),
-                    "reason": m.reason, "doing": d, "sandbox": m.sandbox,
+                    "reason": m.reason, "doing": d, "sandbox": m.sandbox, "host": m.host,
                     "cost_usd": m.cost_usd,
                     "cache_read_share": troupe::cost::cache_read_share(&m.usage),
                     "budget_usd": m.budget_usd, "budget_tokens": m.budget_tokens,
@@ -246,7 +251,10 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             "{}",
             json!({
                 "team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows,
-                "bus": team.bus().map(|b| json!({"url": b.url(), "team": b.team()})),
+                "bus": team.bus().map(|b| json!({
+                    "url": b.url(), "team": b.team(),
+                    "hosts": troupe::bus::hosts::live_hosts(b).ok(),
+                })),
                 "lead_sandbox": cfg.lead_sandbox,
                 "team": {
                     "cost_usd": team_spend.cost_usd, "calls": team_spend.calls,
@@ -388,7 +396,17 @@ fn abs(path: &std::path::Path) -> String {
 /// What member `m` is doing: its record, whether its process lives, and when its journal was
 /// last written.
 fn doing(team: &TeamDir, m: &troupe::config::Member) -> liveness::Doing {
-    let alive = m.pid.is_some_and(liveness::pid_alive);
+    // A pid is this machine's only: for a member of another host, its supervisor's record is
+    // what there is to go by.
+    let elsewhere = team.bus().is_some()
+        && m.host
+            .as_deref()
+            .is_some_and(|h| h != troupe::bus::hosts::this_host());
+    let alive = if elsewhere {
+        m.status.wants_process() && m.pid.is_some()
+    } else {
+        m.pid.is_some_and(liveness::pid_alive)
+    };
     let journal_at = AgentName::teammate(&m.name)
         .ok()
         .and_then(|n| std::fs::metadata(team.transcript(&n)).ok())
@@ -569,10 +587,19 @@ pub struct LogsArgs {
 pub fn logs(team: &TeamDir, a: LogsArgs) -> anyhow::Result<u8> {
     use std::io::{Read, Seek, Write};
     let name = AgentName::any(&a.name)?;
-    if !name.is_lead() {
-        Roster::new(team).load()?.require(name.as_str())?;
-    }
     let path = team.log(&name);
+    if !name.is_lead() {
+        let cfg = Roster::new(team).load()?;
+        let m = cfg.require(name.as_str())?;
+        if let Some(h) = &m.host
+            && !path.exists()
+        {
+            anyhow::bail!(
+                "{name} runs on host {h}: its log and transcript are in the team dir of that \
+                 host's `lead run --host {h}`; run `lead logs {name}` there"
+            );
+        }
+    }
     let mut out = std::io::stdout().lock();
     let mut pos = 0u64;
     loop {

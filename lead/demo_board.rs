@@ -227,6 +227,7 @@ fn set_up_board(team: &TeamDir) -> anyhow::Result<()> {
                 budget_usd: None,
                 budget_tokens: None,
                 worktree: false,
+                host: None,
             },
         )?;
     }

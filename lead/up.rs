@@ -512,7 +512,7 @@ fn state(team_dir: &Path) -> anyhow::Result<(TeamConfig, Vec<Task>, bool)> {
         return Ok((TeamConfig::default(), Vec::new(), false));
     }
     let team = TeamDir::open(team_dir)?;
-    let running = troupe::fsutil::HeldLock::is_held(&team.lead_lock())?;
+    let running = troupe::liveness::supervisor_running(&team)?;
     Ok((
         Roster::new(&team).load()?,
         TaskStore::new(&team).list(None)?,
@@ -616,6 +616,7 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
                         budget_usd: s.budget_usd,
                         budget_tokens: s.budget_tokens,
                         worktree: d.worktree,
+                        host: None,
                     },
                 )
                 .with_context(|| format!("failed to spawn member {}", d.name))?;

@@ -234,6 +234,10 @@ pub struct Member {
     /// until `lead worktree remove`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree: Option<crate::worktree::Worktree>,
+    /// The host whose supervisor runs it, on a team spread over machines (a bus): set by `lead
+    /// spawn --host`, or by the first supervisor that starts it. `None` on one machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// The sandbox its commands run in, as its process found it at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<crate::sandbox::Status>,
@@ -271,6 +275,7 @@ impl Member {
             auto_claim: false,
             idle_hook_pending: None,
             worktree: None,
+            host: None,
             sandbox: None,
             extra: Map::new(),
         }

@@ -109,6 +109,18 @@ pub fn describe(d: &Doing, now: f64) -> String {
     }
 }
 
+/// Whether a supervisor runs the team: one holds `lead.lock` of this team dir, or, on a bus,
+/// any host's supervisor holds its lease.
+pub fn supervisor_running(team: &crate::TeamDir) -> crate::Result<bool> {
+    if crate::fsutil::HeldLock::is_held(&team.lead_lock())? {
+        return Ok(true);
+    }
+    match team.bus() {
+        Some(bus) => Ok(!crate::bus::hosts::live_hosts(bus)?.is_empty()),
+        None => Ok(false),
+    }
+}
+
 /// Whether `pid` is a live process: it exists and is neither a zombie waiting for its reaper
 /// nor dead.
 pub fn pid_alive(pid: u32) -> bool {

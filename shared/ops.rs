@@ -33,6 +33,9 @@ pub struct SpawnSpec {
     pub budget_tokens: Option<u64>,
     /// Gives it its own git worktree (see [`crate::worktree`]); false keeps the one it has.
     pub worktree: bool,
+    /// Places it on this host of a team on a bus (see [`crate::bus::hosts`]); `None` keeps
+    /// the one it has (a new member goes to the first supervisor that starts it).
+    pub host: Option<String>,
 }
 
 /// Adds a member (status `spawning`, for the supervisor to start) or reactivates a stopped,
@@ -45,6 +48,17 @@ pub struct SpawnSpec {
 /// refused while the team is over the team budget: [`Error::OverBudget`], nothing changed.
 pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
     let name = AgentName::teammate(&spec.name)?;
+    if let Some(h) = &spec.host {
+        if team.bus().is_none() {
+            return Err(Error::Bus {
+                what: format!("--host {h}"),
+                why: "a host is where a member runs on a team spread over machines; it needs a \
+                      bus (--bus redis://... or TROUPE_BUS)"
+                    .to_owned(),
+            });
+        }
+        crate::bus::hosts::check_host(h)?;
+    }
     let worktree = if spec.worktree {
         worktree_for(team, &name)?
     } else {
@@ -157,6 +171,9 @@ fn spawn_in(
             if spec.budget_tokens.is_some() {
                 m.budget_tokens = spec.budget_tokens;
             }
+            if spec.host.is_some() {
+                m.host = spec.host.clone();
+            }
             Ok(m.clone())
         }
         None => {
@@ -168,6 +185,7 @@ fn spawn_in(
             m.task_at = Some(crate::fsutil::now());
             m.budget_usd = spec.budget_usd;
             m.budget_tokens = spec.budget_tokens;
+            m.host = spec.host.clone();
             cfg.members.push(m.clone());
             Ok(m)
         }
@@ -419,7 +437,7 @@ pub fn removable(m: &Member, supervisor_running: bool) -> bool {
 /// its inbox, transcript and log stay on disk.
 pub fn remove_member(team: &TeamDir, name: &str) -> Result<Member> {
     let name = AgentName::teammate(name)?;
-    let running = crate::fsutil::HeldLock::is_held(&team.lead_lock())?;
+    let running = crate::liveness::supervisor_running(team)?;
     let removed = Roster::new(team).update(|cfg| {
         let m = cfg.require(name.as_str())?;
         if !removable(m, running) {

@@ -53,7 +53,8 @@ pub struct Hooks {
 impl Hooks {
     /// Starts the thread for `team`, whose members work in `workdir` unless they have a dir of
     /// their own.
-    pub fn start(team: TeamDir, workdir: PathBuf) -> anyhow::Result<Hooks> {
+    /// On a bus, `host` is the supervisor's: a teammate's hooks run on its own host.
+    pub fn start(team: TeamDir, workdir: PathBuf, host: Option<String>) -> anyhow::Result<Hooks> {
         let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
         wake_r.set_nonblocking(true)?;
         std::fs::create_dir_all(team.tasks_dir())?;
@@ -62,6 +63,7 @@ impl Hooks {
             store: TaskStore::new(&team),
             team,
             workdir,
+            host,
             stop: stop.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -88,6 +90,7 @@ struct Runner {
     team: TeamDir,
     store: TaskStore,
     workdir: PathBuf,
+    host: Option<String>,
     stop: Arc<AtomicBool>,
 }
 
@@ -105,7 +108,11 @@ impl Runner {
     fn run(&self, wake: &std::os::unix::net::UnixStream) {
         // Replaced files land by rename: config.json in the root, ID.json in tasks/. Nothing
         // else there (events.jsonl, inboxes, locks) wakes the thread.
-        let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+        // On a bus nothing of the roster or the board is a file here: a look every second.
+        let notify = match self.team.bus() {
+            Some(_) => None,
+            None => Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok(),
+        };
         let mut tasks_wd = None;
         if let Some(n) = &notify {
             let flags = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE;
@@ -168,6 +175,9 @@ impl Runner {
         for m in &cfg.members {
             if self.stopped() {
                 return Ok(());
+            }
+            if self.host.is_some() && m.host != self.host {
+                continue;
             }
             if let Some(calls) = m.idle_hook_pending {
                 self.teammate_idle(&cfg, &m.name, calls)?;

@@ -28,6 +28,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::json;
+use troupe::bus::hosts::{self, HostLease};
 use troupe::config::{
     Activity, ActivityState, ExitInfo, MemberStatus, Roster, RosterWriter, TeamConfig,
 };
@@ -44,6 +45,7 @@ mod background;
 mod escalate;
 mod exit;
 mod hooks;
+mod lease;
 mod policy;
 mod spawn;
 mod team_stop;
@@ -91,6 +93,10 @@ pub struct RunArgs {
     prices: Option<PathBuf>,
     #[command(flatten)]
     pub sandbox: troupe::sandbox::Settings,
+    /// On a team spread over machines (a bus): the host this supervisor runs the members of
+    /// (default: this machine's host name). One supervisor per host holds its lease.
+    #[arg(long)]
+    pub host: Option<String>,
 }
 
 impl RunArgs {
@@ -114,6 +120,7 @@ impl RunArgs {
             team_budget_usd,
             prices,
             sandbox,
+            host,
         } = self;
         let mut args: Vec<String> = [
             ("--stop-timeout", stop_timeout.to_string()),
@@ -139,6 +146,9 @@ impl RunArgs {
             args.extend(["--prices".to_owned(), p.to_owned()]);
         }
         args.extend(sandbox.to_args().map_err(anyhow::Error::msg)?);
+        if let Some(h) = host {
+            args.extend(["--host".to_owned(), h.clone()]);
+        }
         Ok(args)
     }
 }
@@ -197,6 +207,8 @@ struct Supervisor {
     restart_at: HashMap<String, Instant>,
     /// The shutdown request the team stop sent each member, by name.
     stop_requests: HashMap<String, String>,
+    /// On a bus: the host whose members this supervisor runs (only those).
+    host: Option<String>,
 }
 
 pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
@@ -210,6 +222,21 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     };
     std::fs::write(team.lead_lock(), format!("{}\n", std::process::id()))
         .context("failed to record the supervisor pid")?;
+    let lease = match (team.bus(), &args.host) {
+        (Some(bus), host) => {
+            let host = host.clone().unwrap_or_else(hosts::this_host);
+            Some(HostLease::acquire(
+                bus,
+                &host,
+                hosts::HOST_LEASE + Duration::from_secs(2),
+            )?)
+        }
+        (None, Some(h)) => anyhow::bail!(
+            "--host {h}: a host is one machine of a team spread over several, which needs a bus \
+             (--bus redis://... or TROUPE_BUS)"
+        ),
+        (None, None) => None,
+    };
     let workdir = match &args.workdir {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,
@@ -253,12 +280,17 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         last_delay: HashMap::new(),
         restart_at: HashMap::new(),
         stop_requests: HashMap::new(),
+        host: lease.as_ref().map(|l| l.host().to_owned()),
     };
     events::log(
         &sup.team,
         "lead_started",
-        json!({"pid": std::process::id()}),
+        json!({"pid": std::process::id(), "host": sup.host()}),
     );
+    let keeper = match lease {
+        Some(l) => Some(lease::LeaseKeeper::start(l, wake_w.try_clone()?)),
+        None => None,
+    };
     if let Some(b) = sup.args.team_budget_usd {
         sup.writer.apply(move |c| c.team_budget_usd = Some(b));
         events::log(&sup.team, "team_budget", json!({"budget_usd": b}));
@@ -270,9 +302,16 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         let _ = n.add_watch(sup.team.root(), flags);
         let _ = n.add_watch(&sup.team.requests_dir(), flags);
     }
+    if let Some(bus) = sup.team.bus() {
+        follow_changes(bus.clone(), wake_w.try_clone()?);
+    }
     let mut notifier = crate::notify::Notifier::from_env();
     sup.tick()?;
-    let hooks = hooks::Hooks::start(sup.team.clone(), sup.workdir.clone())?;
+    let hooks = hooks::Hooks::start(
+        sup.team.clone(),
+        sup.workdir.clone(),
+        sup.host().map(str::to_owned),
+    )?;
     // Ready: the lock is held and every member that should run has been started.
     std::fs::write(
         sup.team.lead_lock(),
@@ -283,6 +322,15 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     loop {
         if signals.load(Ordering::SeqCst) > 0 {
             break;
+        }
+        if let Some(k) = &keeper {
+            if k.lost() {
+                events::log(&sup.team, "lease_lost", json!({"host": k.host()}));
+                break;
+            }
+            if k.stop_requested() {
+                break;
+            }
         }
         sup.tick()?;
         notifier.status(&sup.summary());
@@ -318,10 +366,32 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     events::log(
         &sup.team,
         "lead_stopped",
-        json!({"pid": std::process::id()}),
+        json!({"pid": std::process::id(), "host": sup.host()}),
     );
+    if let Some(k) = keeper {
+        k.release();
+    }
     drop(lock);
     Ok(0)
+}
+
+/// Wakes the loop (a byte on `wake`) on every change on the bus: the roster, a request, a
+/// task, a stop. What inotify does for the team dir's files.
+fn follow_changes(bus: troupe::bus::RedisBus, wake: std::os::unix::net::UnixStream) {
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut feed = troupe::bus::ChangeFeed::new(&bus);
+        let mut wake = wake;
+        loop {
+            match feed.wait(Duration::from_secs(5)) {
+                Ok(true) => {
+                    let _ = wake.write(&[0]);
+                }
+                Ok(false) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    });
 }
 
 fn drain_pipe(r: &std::os::unix::net::UnixStream) {
@@ -345,15 +415,53 @@ fn describe(status: &ExitStatus) -> ExitInfo {
 }
 
 impl Supervisor {
+    /// The host this supervisor runs, on a bus.
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
+    /// On a bus: claims for this host the members placed nowhere yet that should run (the
+    /// first supervisor to start one places it), and keeps only this host's members in `cfg`.
+    fn place(&mut self, cfg: &mut TeamConfig) {
+        let Some(host) = self.host().map(str::to_owned) else {
+            return;
+        };
+        let unplaced: Vec<String> = cfg
+            .members
+            .iter()
+            .filter(|m| {
+                m.host.is_none() && (m.status.wants_process() || m.status == MemberStatus::Stopped)
+            })
+            .map(|m| m.name.clone())
+            .collect();
+        if !unplaced.is_empty() {
+            let h = host.clone();
+            self.writer.apply(move |c| {
+                for m in c.members.iter_mut() {
+                    if m.host.is_none() && unplaced.contains(&m.name) {
+                        m.host = Some(h.clone());
+                    }
+                }
+            });
+            // Another host's supervisor may have placed them first: read who did.
+            if let Ok(now) = self.roster.load() {
+                *cfg = now;
+            }
+        }
+        cfg.members
+            .retain(|m| m.host.as_deref() == Some(host.as_str()));
+    }
+
     /// Reads config.json into [`Supervisor::view`]. While it does not parse, the view stays
     /// the last good copy, and each distinct error is logged once (an event and a line).
     fn refresh(&mut self) {
         match self.roster.load() {
-            Ok(cfg) => {
+            Ok(mut cfg) => {
                 if let Some(was) = self.config_error.take() {
                     tracing::info!("config.json parses again (it did not: {was})");
                     events::log(&self.team, "config_readable", json!({}));
                 }
+                self.place(&mut cfg);
                 self.view = cfg;
                 if self.writer.is_pending() && self.writer.flush() {
                     self.refresh();

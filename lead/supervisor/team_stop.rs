@@ -110,10 +110,22 @@ pub struct StopArgs {
     /// Seconds to wait for the supervisor to stop the team and exit.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// On a team spread over machines (a bus): stop only this host's supervisor (default:
+    /// every host's).
+    #[arg(long)]
+    host: Option<String>,
 }
 
 /// `lead stop`: SIGTERM to the supervisor (the graceful team stop), and wait until it is gone.
+/// On a bus: a stop for each host's supervisor (or `--host`'s), and a wait until every one of
+/// them has let its lease go.
 pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
+    if let Some(bus) = team.bus() {
+        return stop_hosts(bus, a);
+    }
+    if let Some(h) = &a.host {
+        anyhow::bail!("--host {h}: hosts are those of a team on a bus (--bus or TROUPE_BUS)");
+    }
     let lock = team.lead_lock();
     if !HeldLock::is_held(&lock)? {
         return Err(troupe::Error::MemberConflict {
@@ -144,4 +156,53 @@ pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(0)
+}
+
+fn stop_hosts(bus: &troupe::bus::RedisBus, a: StopArgs) -> anyhow::Result<u8> {
+    let live = hosts::live_hosts(bus)?;
+    let targets: Vec<String> = match &a.host {
+        Some(h) => {
+            hosts::check_host(h)?;
+            if !live.contains(h) {
+                return Err(troupe::Error::MemberConflict {
+                    name: format!("lead --host {h}"),
+                    status: "not running".into(),
+                    why: "no supervisor holds this host's lease",
+                }
+                .into());
+            }
+            vec![h.clone()]
+        }
+        None if live.is_empty() => {
+            return Err(troupe::Error::MemberConflict {
+                name: "lead".into(),
+                status: "not running".into(),
+                why: "no supervisor holds a host's lease on this bus",
+            }
+            .into());
+        }
+        None => live,
+    };
+    for h in &targets {
+        hosts::request_stop(bus, h)?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    loop {
+        let left: Vec<String> = hosts::live_hosts(bus)?
+            .into_iter()
+            .filter(|h| targets.contains(h))
+            .collect();
+        if left.is_empty() {
+            return Ok(0);
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "lead: the supervisors of {} are still running after {} s",
+                left.join(", "),
+                a.timeout
+            );
+            return Ok(124);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

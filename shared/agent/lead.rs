@@ -705,6 +705,7 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
         budget_usd: None,
         budget_tokens: None,
         worktree: false,
+        host: None,
     };
     let m = ops::spawn(team, &spec).map_err(|e| e.to_string())?;
     Ok(if m.status == MemberStatus::Idle {

@@ -14,6 +14,7 @@
 //!
 //! Keys are `troupe:{TEAM}:...`, so teams can share a server.
 
+pub mod hosts;
 mod redis_doc;
 mod redis_inbox;
 

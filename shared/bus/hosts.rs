@@ -1,0 +1,190 @@
+//! Hosts of a team on a bus: which supervisor runs which host's members, and how `lead stop`
+//! reaches supervisors on other machines.
+//!
+//! - **The lease** `troupe:{TEAM}:lease:HOST` holds the running supervisor's token for
+//!   [`HOST_LEASE`], renewed on every tick of its loop (at least once a second). A second
+//!   supervisor for the same host waits for the lease to lapse and gives up if it does not, so
+//!   two supervisors never run one host's members. A supervisor killed with `kill -9` leaves
+//!   its lease to lapse: its successor starts within [`HOST_LEASE`]. A supervisor that finds
+//!   its lease taken by another (it was stopped longer than the lease) stops its own members
+//!   and exits.
+//! - **The set** `troupe:{TEAM}:hosts` names every host that ever held a lease, so that the
+//!   live ones can be listed (those whose lease is there).
+//! - **A stop** is the key `troupe:{TEAM}:stop:HOST`, announced on the change feed: the host's
+//!   supervisor sees it on its next tick and stops its team as SIGTERM would. It is cleared by
+//!   the next supervisor of that host when it starts.
+
+use std::time::{Duration, Instant};
+
+use super::RedisBus;
+use crate::error::{Error, Result};
+
+/// How long a supervisor's lease outlives its last renewal.
+pub const HOST_LEASE: Duration = Duration::from_secs(5);
+
+/// KEYS: lease, hosts set. ARGV: token, lease in ms, host. 1: held by the caller now.
+const HOLD: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('SADD', KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// KEYS: lease. ARGV: token.
+const LET_GO: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Whether `host` is a usable host name: 1-64 of `A-Z a-z 0-9 . _ -`.
+pub fn check_host(host: &str) -> Result<()> {
+    let ok = (1..=64).contains(&host.len())
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Bus {
+            what: format!("host {host:?}"),
+            why: "a host name is 1-64 of A-Z, a-z, 0-9, '.', '_', '-'".to_owned(),
+        })
+    }
+}
+
+/// This machine's host name (the default `--host`), or `localhost` when it has none usable.
+pub fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| check_host(h).is_ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// A supervisor's hold on its host.
+pub struct HostLease {
+    bus: RedisBus,
+    host: String,
+    token: String,
+}
+
+impl std::fmt::Debug for HostLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostLease")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostLease {
+    /// Takes the lease of `host`, waiting up to `patience` for another holder's to lapse.
+    /// Clears a stop left for the host by `lead stop`.
+    pub fn acquire(bus: &RedisBus, host: &str, patience: Duration) -> Result<HostLease> {
+        check_host(host)?;
+        let lease = HostLease {
+            bus: bus.clone(),
+            host: host.to_owned(),
+            token: uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let started = Instant::now();
+        let mut said = false;
+        while !lease.renew()? {
+            if started.elapsed() > patience {
+                return Err(Error::Locked {
+                    what: "the host's lease (another `lead run` supervises this host's members)",
+                    path: std::path::PathBuf::from(bus.key(&format!("lease:{host}"))),
+                });
+            }
+            if !said {
+                tracing::info!(
+                    host,
+                    "another supervisor holds this host's lease; waiting for it to lapse"
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let stop = bus.key(&format!("stop:{host}"));
+        bus.with_conn("clear a stop", |c| {
+            redis::cmd("DEL").arg(&stop).query::<()>(c)
+        })?;
+        Ok(lease)
+    }
+
+    /// The host.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Renews the lease: `Ok(false)` when another supervisor holds it now.
+    pub fn renew(&self) -> Result<bool> {
+        let key = self.bus.key(&format!("lease:{}", self.host));
+        let hosts = self.bus.key("hosts");
+        let held: i64 = self.bus.with_conn("renew the host's lease", |c| {
+            redis::Script::new(HOLD)
+                .key(&key)
+                .key(&hosts)
+                .arg(&self.token)
+                .arg(HOST_LEASE.as_millis() as u64)
+                .arg(&self.host)
+                .invoke(c)
+        })?;
+        Ok(held == 1)
+    }
+
+    /// Whether `lead stop` asked this host's supervisor to stop.
+    pub fn stop_requested(&self) -> Result<bool> {
+        let key = self.bus.key(&format!("stop:{}", self.host));
+        self.bus.with_conn("look for a stop", |c| {
+            redis::cmd("EXISTS").arg(&key).query::<bool>(c)
+        })
+    }
+
+    /// Lets the lease go (at a clean exit), and the stop that asked for it.
+    pub fn release(self) {
+        let key = self.bus.key(&format!("lease:{}", self.host));
+        let stop = self.bus.key(&format!("stop:{}", self.host));
+        let r = self.bus.with_conn("let the host's lease go", |c| {
+            redis::Script::new(LET_GO)
+                .key(&key)
+                .arg(&self.token)
+                .invoke::<i64>(c)?;
+            redis::cmd("DEL").arg(&stop).query::<()>(c)
+        });
+        if let Err(e) = r {
+            tracing::warn!("{e} (the lease lapses by itself)");
+        }
+    }
+}
+
+/// The hosts whose supervisor holds its lease now, sorted.
+pub fn live_hosts(bus: &RedisBus) -> Result<Vec<String>> {
+    let hosts_key = bus.key("hosts");
+    let mut hosts: Vec<String> = bus.with_conn("list hosts", |c| {
+        redis::cmd("SMEMBERS").arg(&hosts_key).query(c)
+    })?;
+    hosts.retain(|h| check_host(h).is_ok());
+    hosts.sort();
+    let keys: Vec<String> = hosts.iter().map(|h| format!("lease:{h}")).collect();
+    let leases = bus.get_docs(&keys)?;
+    Ok(hosts
+        .into_iter()
+        .zip(leases)
+        .filter_map(|(h, l)| l.map(|_| h))
+        .collect())
+}
+
+/// Asks the supervisor of `host` to stop its team (see the module docs).
+pub fn request_stop(bus: &RedisBus, host: &str) -> Result<()> {
+    check_host(host)?;
+    let key = bus.key(&format!("stop:{host}"));
+    bus.with_conn("ask a host to stop", |c| {
+        redis::cmd("SET").arg(&key).arg(1).query::<()>(c)
+    })?;
+    bus.announce(&format!("stop:{host}"))
+}
