@@ -1,6 +1,8 @@
 //! The lead's acceptance scenario driven only through the CLI, as a shell script would, with
 //! `lead run` supervising three real workers that talk to one fake LLM server (each teammate
-//! has its own model id, so each gets its own script).
+//! has its own model id, so each gets its own script). It runs twice: on the team dir's files,
+//! and with the team's state on a Redis bus (issue 15), where it reads state only through the
+//! CLI and the library's seam.
 
 mod support;
 
@@ -11,7 +13,8 @@ use serde_json::Value;
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
-use support::team::{Bg, Team, alive, lead_cmd as lead, wait_until};
+use support::redis_server::RedisServer;
+use support::team::{Bg, Team, alive, lead_cmd, wait_until};
 
 const T: Duration = Duration::from_secs(30);
 const USAGE: &str = r#"{"input_tokens":3,"output_tokens":2}"#;
@@ -35,6 +38,27 @@ fn tool(name: &str, input: &str) -> Reply {
 
 #[test]
 fn three_teammates_plans_shutdowns_and_stop_through_the_cli() {
+    scenario(None);
+}
+
+#[test]
+fn the_same_scenario_on_a_redis_bus() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    scenario(Some((server.url("scenario"), server.password.clone())));
+}
+
+/// The scenario, on the files or on the bus `(URL, password)`.
+fn scenario(bus: Option<(String, String)>) {
+    let lead = |team: &Team, url: &str, args: &[&str]| {
+        let mut c = lead_cmd(team, url, args);
+        if let Some((bus, password)) = &bus {
+            c.env(troupe::bus::BUS_ENV, bus)
+                .env(troupe::bus::PASSWORD_ENV, password);
+        }
+        c
+    };
     let team = Team::new();
     let fake = FakeLlm::start([]).patient(Duration::from_secs(15));
     fake.push_for("m-ann", tool("plan_approval", r#"{"plan":"v1"}"#));
@@ -246,7 +270,13 @@ fn three_teammates_plans_shutdowns_and_stop_through_the_cli() {
     for p in pids {
         wait_until(T, "worker gone", || (!alive(p)).then_some(()));
     }
-    let events = troupe::events::read_all(&team.dir).unwrap();
+    let on = match &bus {
+        Some((url, password)) => team.dir.clone().with_bus(Some(
+            troupe::bus::RedisBus::with_password(url, password).unwrap(),
+        )),
+        None => team.dir.clone(),
+    };
+    let events = troupe::events::read_all(&on).unwrap();
     for e in [
         "spawn",
         "exit",
@@ -258,5 +288,15 @@ fn three_teammates_plans_shutdowns_and_stop_through_the_cli() {
         "team_stop",
     ] {
         assert!(events.iter().any(|x| x["event"] == e), "no {e} event");
+    }
+    if bus.is_some() {
+        // The state was on the bus: the team dir holds no roster, request or event.
+        assert!(!team.dir.config().exists());
+        assert!(!team.dir.events().exists());
+        assert!(
+            std::fs::read_dir(team.dir.requests_dir()).map_or(true, |d| d
+                .filter_map(Result::ok)
+                .all(|e| !e.file_name().to_string_lossy().ends_with(".json")))
+        );
     }
 }
