@@ -6,6 +6,12 @@
 # transcripts that every id `lead send` returned was consumed exactly once, by its recipient; that
 # no request is left pending; and that no process of the team outlived `lead stop`.
 #
+# With --redis it does the same to a team spread over two hosts (issue 15): it starts its own
+# redis-server (AUTH, appendonly, appendfsync always) on a free loopback port, two supervisors
+# (`lead run --host a` and `--host b`, each with its own team dir and working dir, sharing only
+# Redis), places t1 and t2 on host a and t3 and t4 on host b, kills workers on both hosts and
+# the supervisors in turn, and restarts redis-server (kill -9) --redis-restarts times.
+#
 # stdout gets exactly one line:  sent=N consumed=N duplicates=0 lost=0 kills=K lead_kills=L
 # (consumed counts the drill's messages only, not the spawn tasks or the team stop's requests).
 # Exit 0 when all checks pass, 1 with a one-line reason on stderr when one fails, 2 on bad usage.
@@ -16,6 +22,7 @@ usage() {
   cat <<'EOF'
 usage: scripts/recovery-drill.sh [--kills N] [--lead-kills L] [--senders S] [--messages M]
                                  [--think-ms MS] [--bin DIR] [--keep]
+                                 [--redis [--redis-restarts R]]
   --kills N       kill -9 of a random live worker, N times (default 20)
   --lead-kills L  kill -9 of the `lead run` supervisor, then start a new one, L times (default 1)
   --senders S     concurrent shell senders (default 3)
@@ -25,6 +32,8 @@ usage: scripts/recovery-drill.sh [--kills N] [--lead-kills L] [--senders S] [--m
   --bin DIR       where `lead` and `worker` are (default target/release if it has both, else
                   target/debug)
   --keep          keep the temporary team dir (it is kept anyway when a check fails)
+  --redis         two hosts sharing a Redis bus (needs redis-server and redis-cli on PATH)
+  --redis-restarts R  kill -9 and restart of redis-server during the flood (default 1)
 Prints one summary line: sent=N consumed=N duplicates=0 lost=0 kills=K lead_kills=L
 EOF
 }
@@ -35,7 +44,7 @@ die_usage() {
   exit 2
 }
 
-KILLS=20 LEAD_KILLS=1 SENDERS=3 MESSAGES=300 THINK_MS=50 BIN="" KEEP=0
+KILLS=20 LEAD_KILLS=1 SENDERS=3 MESSAGES=300 THINK_MS=50 BIN="" KEEP=0 REDIS=0 REDIS_RESTARTS=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --kills) KILLS=${2-}; shift 2 || die_usage "--kills needs a value" ;;
@@ -45,17 +54,20 @@ while [[ $# -gt 0 ]]; do
     --think-ms) THINK_MS=${2-}; shift 2 || die_usage "--think-ms needs a value" ;;
     --bin) BIN=${2-}; shift 2 || die_usage "--bin needs a value" ;;
     --keep) KEEP=1; shift ;;
+    --redis) REDIS=1; shift ;;
+    --redis-restarts) REDIS_RESTARTS=${2-}; shift 2 || die_usage "--redis-restarts needs a value" ;;
     -h | --help) usage; exit 0 ;;
     *) die_usage "unknown argument: $1" ;;
   esac
 done
-for v in KILLS LEAD_KILLS SENDERS MESSAGES THINK_MS; do
+for v in KILLS LEAD_KILLS SENDERS MESSAGES THINK_MS REDIS_RESTARTS; do
   if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
     flag=${v,,}
     die_usage "--${flag//_/-} must be a non-negative integer, not '${!v}'"
   fi
 done
 [[ $SENDERS -ge 1 ]] || die_usage "--senders must be at least 1"
+[[ $REDIS == 1 ]] || REDIS_RESTARTS=0
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [[ -z $BIN ]]; then
@@ -67,12 +79,25 @@ fi
 [[ -x $BIN/lead && -x $BIN/worker ]] || { echo "recovery-drill: no lead and worker binaries in $BIN" >&2; exit 2; }
 BIN=$(cd "$BIN" && pwd)
 command -v python3 >/dev/null || { echo "recovery-drill: python3 is required" >&2; exit 2; }
+if [[ $REDIS == 1 ]]; then
+  for c in redis-server redis-cli; do
+    command -v $c >/dev/null || { echo "recovery-drill: --redis needs $c on PATH" >&2; exit 2; }
+  done
+fi
 
 NAMES=(t1 t2 t3 t4)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/troupe-drill.XXXXXX")
-TEAM=$TMP/team
-WORK=$TMP/work
-mkdir -p "$WORK" "$TMP/sent" "$TMP/bin"
+# One host (no name) on the files; hosts a and b on Redis, each with its own team dir and
+# working dir. TEAM (host a's) is where the CLI runs from.
+if [[ $REDIS == 1 ]]; then HOSTS=(a b); else HOSTS=(""); fi
+TEAMS=() WORKS=()
+for h in "${HOSTS[@]}"; do
+  TEAMS+=("$TMP/${h:-one}/team")
+  WORKS+=("$TMP/${h:-one}/work")
+  mkdir -p "$TMP/${h:-one}/work"
+done
+TEAM=${TEAMS[0]}
+mkdir -p "$TMP/sent" "$TMP/bin"
 # The drill runs copies: a `cargo build` during the drill (another shell on the same tree) must
 # not mix two builds in one team. `lead run` starts the `worker` next to its own binary.
 cp "$BIN/lead" "$BIN/worker" "$TMP/bin/"
@@ -86,7 +111,8 @@ START=$SECONDS
 log() { echo "recovery-drill: $*" >&2; }
 bc_sub() { python3 -c 'import sys; print(float(sys.argv[1]) - float(sys.argv[2]))' "$1" "$2"; }
 
-LEAD_PID=""
+LEAD_PIDS=()
+REDIS_PID=""
 SENDER_PIDS=()
 HELPER_PID=""
 FAILED=0
@@ -101,10 +127,16 @@ cleanup() {
   for p in "${SENDER_PIDS[@]}" $HELPER_PID; do
     kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null
   done
-  if [[ -n $LEAD_PID ]] && kill -0 "$LEAD_PID" 2>/dev/null; then
-    "$LEAD" --team-dir "$TEAM" stop --timeout 15 >/dev/null 2>&1 || kill -9 "$LEAD_PID" 2>/dev/null || true
+  local running=0
+  for p in "${LEAD_PIDS[@]}"; do
+    [[ -n $p ]] && kill -0 "$p" 2>/dev/null && running=1
+  done
+  if [[ $running == 1 ]]; then
+    "$LEAD" --team-dir "$TEAM" stop --timeout 15 >/dev/null 2>&1 || true
+    for p in "${LEAD_PIDS[@]}"; do [[ -n $p ]] && kill -9 "$p" 2>/dev/null; done
   fi
   for p in $(team_pids); do kill -9 "$p" 2>/dev/null || true; done
+  [[ -n $REDIS_PID ]] && kill -9 "$REDIS_PID" 2>/dev/null
   wait 2>/dev/null || true
   if [[ $KEEP == 1 || $FAILED == 1 || $rc != 0 ]]; then
     log "team dir kept: $TMP"
@@ -117,13 +149,22 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Live (not zombie) processes whose command line names the team dir.
+# Whether the command line of process $1 names one of the team dirs.
+names_a_team() {
+  local t
+  for t in "${TEAMS[@]}"; do
+    grep -qF -- "$t" "/proc/$1/cmdline" 2>/dev/null && return 0
+  done
+  return 1
+}
+
+# Live (not zombie) processes whose command line names a team dir.
 team_pids() {
   local d pid state
   for d in /proc/[0-9]*; do
     pid=${d#/proc/}
     [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-    grep -qF -- "$TEAM" "$d/cmdline" 2>/dev/null || continue
+    names_a_team "$pid" || continue
     state=$(sed -e 's/^.*) //' "$d/stat" 2>/dev/null | cut -c1) || continue
     [[ -n $state && $state != Z ]] && echo "$pid"
   done
@@ -147,21 +188,72 @@ with open(path, "w") as f:
             f.write(json.dumps({"agent": n, "seq": seq, "response": resp}) + "\n")
 EOF
 
+# --- the bus (with --redis) -----------------------------------------------------------------------
+REDIS_DIR=$TMP/redis
+start_redis() {
+  redis-server "$REDIS_DIR/redis.conf" </dev/null >/dev/null 2>&1 &
+  REDIS_PID=$!
+  local deadline=$((SECONDS + 10))
+  until redis-cli -p "$REDIS_PORT" --user troupe --pass "$TROUPE_BUS_PASSWORD" --no-auth-warning \
+    ping 2>/dev/null | grep -q PONG; do
+    if [[ $SECONDS -ge $deadline ]]; then
+      FAILED=1
+      echo "recovery-drill: FAIL: redis-server not up within 10 s (see $REDIS_DIR/redis.log)" >&2
+      exit 1
+    fi
+    sleep 0.02
+  done
+}
+if [[ $REDIS == 1 ]]; then
+  mkdir -p "$REDIS_DIR"
+  REDIS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  TROUPE_BUS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+  ADMIN_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+  # The default user keeps its rights under a password of its own: Redis 7.0 replays its
+  # append-only log's transactions as the default user.
+  cat >"$REDIS_DIR/redis.conf" <<EOF
+port $REDIS_PORT
+bind 127.0.0.1
+dir $REDIS_DIR
+logfile $REDIS_DIR/redis.log
+appendonly yes
+appendfsync always
+save ""
+user default on >$ADMIN_PASSWORD ~* &* +@all
+user troupe on >$TROUPE_BUS_PASSWORD ~* &* +@all
+EOF
+  export TROUPE_BUS="redis://troupe@127.0.0.1:$REDIS_PORT/0?team=drill" TROUPE_BUS_PASSWORD
+  start_redis
+fi
+
+# kill -9 of redis-server, and a new one on the same files (its append-only log brings back what
+# it acknowledged).
+restart_redis() {
+  kill -9 "$REDIS_PID"
+  wait "$REDIS_PID" 2>/dev/null || true
+  start_redis
+  REDIS_RESTARTS_DONE=$((REDIS_RESTARTS_DONE + 1))
+  log "redis restart $REDIS_RESTARTS_DONE: redis-server killed with SIGKILL and up again"
+}
+
 lead() { "$LEAD" --team-dir "$TEAM" "$@"; }
 
-# Starts `lead run` in the background and waits until its lead.lock says it is ready.
+# Starts the `lead run` of host index $1 in the background and waits until its lead.lock says it
+# is ready.
 start_lead() {
-  (cd "$WORK" && exec "$LEAD" --team-dir "$TEAM" run --workdir "$WORK" \
+  local i=$1 host_args=()
+  [[ -n ${HOSTS[$i]} ]] && host_args=(--host "${HOSTS[$i]}")
+  (cd "${WORKS[$i]}" && exec "$LEAD" --team-dir "${TEAMS[$i]}" run --workdir "${WORKS[$i]}" \
     --restart-delay 0.05 --restart-delay-max 0.5 --max-restarts 1000000 \
-    --stop-timeout 2 --kill-grace 2) </dev/null >>"$TMP/lead-run.log" 2>&1 &
-  LEAD_PID=$!
-  local deadline=$((SECONDS + 30)) text
+    --stop-timeout 2 --kill-grace 2 "${host_args[@]}") </dev/null >>"$TMP/lead-run-$i.log" 2>&1 &
+  LEAD_PIDS[$i]=$!
+  local pid=$! deadline=$((SECONDS + 30)) text
   while :; do
-    text=$(cat "$TEAM/lead.lock" 2>/dev/null || true)
-    [[ $text == "$LEAD_PID ready"* ]] && return 0
-    if ! kill -0 "$LEAD_PID" 2>/dev/null; then
+    text=$(cat "${TEAMS[$i]}/lead.lock" 2>/dev/null || true)
+    [[ $text == "$pid ready"* ]] && return 0
+    if ! kill -0 "$pid" 2>/dev/null; then
       FAILED=1
-      echo "recovery-drill: FAIL: lead run exited during start-up (see $TMP/lead-run.log)" >&2
+      echo "recovery-drill: FAIL: lead run exited during start-up (see $TMP/lead-run-$i.log)" >&2
       exit 1
     fi
     if [[ $SECONDS -ge $deadline ]]; then
@@ -174,11 +266,14 @@ start_lead() {
 }
 
 # --- the team ------------------------------------------------------------------------------------
-for n in "${NAMES[@]}"; do
-  lead spawn "$n" --role drill --prompt "Acknowledge every message." >/dev/null
+for ((j = 0; j < ${#NAMES[@]}; j++)); do
+  # On two hosts: the first half on a, the rest on b.
+  place=()
+  [[ $REDIS == 1 ]] && place=(--host "${HOSTS[$((j * ${#HOSTS[@]} / ${#NAMES[@]}))]}")
+  lead spawn "${NAMES[$j]}" --role drill --prompt "Acknowledge every message." "${place[@]}" >/dev/null
 done
-start_lead
-log "team of ${#NAMES[@]} up (lead pid $LEAD_PID, binaries from $BIN), dir $TMP"
+for ((i = 0; i < ${#HOSTS[@]}; i++)); do start_lead "$i"; done
+log "team of ${#NAMES[@]} up on ${#HOSTS[@]} host(s) (supervisors ${LEAD_PIDS[*]}, binaries from $BIN), dir $TMP"
 
 # --- the flood -----------------------------------------------------------------------------------
 # Sender I sends M messages to random teammates; every id `lead send` returned goes to
@@ -186,7 +281,10 @@ log "team of ${#NAMES[@]} up (lead pid $LEAD_PID, binaries from $BIN), dir $TMP"
 # message counts as not sent (sent/I.failed). The senders keep pace with the kills (the file
 # `progress` counts the kills done): message K waits until (K-1)/M of them are done, so that
 # every kill, the last ones too, lands in traffic rather than on a team that went quiet.
-EVENTS=$((KILLS + LEAD_KILLS))
+EVENTS=$((KILLS + LEAD_KILLS + REDIS_RESTARTS))
+# On a bus a send may meet redis-server restarting: it is retried for longer.
+TRIES=5
+[[ $REDIS == 1 ]] && TRIES=100
 echo 0 >"$TMP/progress"
 sender() {
   local i=$1 k try out id to done=0
@@ -197,7 +295,7 @@ sender() {
       ((done * MESSAGES >= (k - 1) * EVENTS)) || sleep 0.01
     done
     to=${NAMES[RANDOM % ${#NAMES[@]}]}
-    for try in 1 2 3 4 5; do
+    for ((try = 1; try <= TRIES; try++)); do
       if out=$("$LEAD" --team-dir "$TEAM" send "$to" "$TAG s$i m$k" --json 2>>"$TMP/sent/$i.err"); then
         id=${out#*\"id\":\"}
         id=${id%%\"*}
@@ -207,7 +305,7 @@ sender() {
         fi
         echo "unparsable output of lead send: $out" >>"$TMP/sent/$i.err"
       fi
-      [[ $try == 5 ]] && echo "s$i m$k $to" >>"$TMP/sent/$i.failed"
+      [[ $try == "$TRIES" ]] && echo "s$i m$k $to" >>"$TMP/sent/$i.failed"
       sleep 0.05
     done
   done
@@ -233,7 +331,7 @@ live_workers() {
 }
 is_live_worker() {
   local state
-  grep -qF -- "$TEAM" "/proc/$1/cmdline" 2>/dev/null || return 1
+  names_a_team "$1" || return 1
   [[ $(readlink "/proc/$1/exe" 2>/dev/null) == "$WORKER" ]] || return 1
   state=$(sed -e 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1) || return 1
   [[ -n $state && $state != Z ]]
@@ -248,17 +346,24 @@ random_worker() {
 # kill -9 of the supervisor while every teammate has a live worker (waited for, bounded), so that
 # the kill leaves orphans: they must die of PDEATHSIG, and the new supervisor must find their
 # members dead and restart them.
+# On two hosts the supervisors are killed in turn, each with its own host's workers as orphans
+# (its successor waits for the dead one's lease to lapse).
 kill_lead() {
-  local old=$LEAD_PID orphans=() deadline=$((SECONDS + 10)) p
+  local i=$((LEAD_KILLS_DONE % ${#HOSTS[@]}))
+  local old=${LEAD_PIDS[$i]} orphans=() deadline=$((SECONDS + 10)) p want
+  want=$((${#NAMES[@]} / ${#HOSTS[@]}))
   while :; do
-    mapfile -t orphans < <(live_workers)
-    [[ ${#orphans[@]} -ge ${#NAMES[@]} || $SECONDS -ge $deadline ]] && break
+    orphans=()
+    for p in $(live_workers); do
+      grep -qF -- "${TEAMS[$i]}" "/proc/$p/cmdline" 2>/dev/null && orphans+=("$p")
+    done
+    [[ ${#orphans[@]} -ge $want || $SECONDS -ge $deadline ]] && break
     sleep 0.01
   done
   kill -9 "$old"
   wait "$old" 2>/dev/null || true
   LEAD_KILLS_DONE=$((LEAD_KILLS_DONE + 1))
-  start_lead
+  start_lead "$i"
   deadline=$((SECONDS + 10))
   for p in "${orphans[@]}"; do
     while [[ -d /proc/$p ]] && is_live_worker "$p"; do
@@ -270,14 +375,20 @@ kill_lead() {
       sleep 0.01
     done
   done
-  log "lead kill $LEAD_KILLS_DONE: supervisor $old killed with ${#orphans[@]} live workers (all gone since), $LEAD_PID ready"
+  log "lead kill $LEAD_KILLS_DONE: supervisor $old${HOSTS[$i]:+ of host ${HOSTS[$i]}} killed with ${#orphans[@]} live workers (all gone since), ${LEAD_PIDS[$i]} ready"
 }
 
 # The L lead kills are spread evenly among the N worker kills.
-KILLS_DONE=0 LEAD_KILLS_DONE=0
-declare -A LEAD_KILL_AT=()
+KILLS_DONE=0 LEAD_KILLS_DONE=0 REDIS_RESTARTS_DONE=0
+declare -A LEAD_KILL_AT=() REDIS_RESTART_AT=()
 for ((j = 1; j <= LEAD_KILLS; j++)); do
   LEAD_KILL_AT[$(((j * EVENTS) / (LEAD_KILLS + 1)))]=1
+done
+# Redis restarts fall between the lead kills (the first at a third of the way, if any).
+for ((j = 1; j <= REDIS_RESTARTS; j++)); do
+  at=$(((j * EVENTS) / (REDIS_RESTARTS + 1) + EVENTS / (3 * (REDIS_RESTARTS + 1)) ))
+  while [[ -n ${LEAD_KILL_AT[$at]-} || -n ${REDIS_RESTART_AT[$at]-} ]]; do at=$((at + 1)); done
+  REDIS_RESTART_AT[$at]=1
 done
 next=0
 for ((e = 0; e < EVENTS; e++)); do
@@ -286,6 +397,10 @@ for ((e = 0; e < EVENTS; e++)); do
   sleep "0.$(printf '%03d' $((20 + RANDOM % 181)))"
   if [[ -n ${LEAD_KILL_AT[$e]-} ]]; then
     kill_lead
+    continue
+  fi
+  if [[ -n ${REDIS_RESTART_AT[$e]-} ]]; then
+    restart_redis
     continue
   fi
   # A worker may be between a kill and its restart: wait (bounded) for one to be up.
@@ -323,7 +438,10 @@ log "$(printf 'flood done after %.1f s, kills after %.1f s' "$(bc_sub "$FLOOD_EN
 cat >"$TMP/check.py" <<'EOF'
 import glob, json, os, sys, time
 
-tmp, team, tag = os.environ["DRILL_TMP"], os.environ["DRILL_TEAM"], os.environ["DRILL_TAG"]
+tmp, tag = os.environ["DRILL_TMP"], os.environ["DRILL_TAG"]
+# Every host's team dir (transcripts stay on the member's host).
+teams = os.environ["DRILL_TEAMS"].split(":")
+on_bus = bool(os.environ.get("TROUPE_BUS"))
 
 def sent():
     ids = {}
@@ -340,7 +458,8 @@ def sent():
 def consumed():
     """Every drill message in a transcript, as (id, consumer) pairs, duplicates included."""
     seen = []
-    for path in glob.glob(os.path.join(team, "transcripts", "*.jsonl")):
+    paths = [p for team in teams for p in glob.glob(os.path.join(team, "transcripts", "*.jsonl"))]
+    for path in paths:
         name = os.path.basename(path)[: -len(".jsonl")]
         with open(path, "rb") as f:
             data = f.read()
@@ -359,6 +478,10 @@ def consumed():
     return seen
 
 def inboxes_empty():
+    if on_bus:
+        # The inboxes are streams on the server: no early verdict, the wait runs its course.
+        return False
+    team = teams[0]
     for name in set(sent().values()):
         try:
             if os.path.getsize(os.path.join(team, "inbox", name + ".jsonl")) > 0:
@@ -405,7 +528,8 @@ for path in glob.glob(os.path.join(tmp, "sent", "*.failed")):
     with open(path) as f:
         failed += sum(1 for _ in f)
 print(f"sent={len(ids)} consumed={len(seen)} duplicates={duplicates} lost={lost} "
-      f"kills={sys.argv[2]} lead_kills={sys.argv[3]}")
+      f"kills={sys.argv[2]} lead_kills={sys.argv[3]}"
+      + (f" redis_restarts={sys.argv[4]}" if os.environ.get("TROUPE_BUS") else ""))
 reasons = []
 if lost:
     reasons.append(f"{lost} sent messages never consumed")
@@ -419,14 +543,15 @@ notes = []
 if unrecorded:
     notes.append(f"{unrecorded} drill messages consumed whose send reported a failure")
 if failed:
-    notes.append(f"{failed} messages not sent after 5 attempts")
-for path in glob.glob(os.path.join(team, "inbox", "*.corrupt.jsonl")):
+    notes.append(f"{failed} messages not sent after {os.environ.get('DRILL_TRIES', 5)} attempts")
+for path in [p for team in teams for p in glob.glob(os.path.join(team, "inbox", "*.corrupt.jsonl"))]:
     with open(path) as f:
         notes.append(f"{sum(1 for _ in f)} lines set aside in {os.path.basename(path)}")
 if notes:
     print("recovery-drill: note: " + "; ".join(notes), file=sys.stderr)
 EOF
-export DRILL_TMP=$TMP DRILL_TEAM=$TEAM DRILL_TAG=$TAG
+DRILL_TEAMS=$(IFS=:; echo "${TEAMS[*]}")
+export DRILL_TMP=$TMP DRILL_TEAMS DRILL_TAG=$TAG DRILL_TRIES=$TRIES
 
 CONSUME_START=$SECONDS
 # In the background, so that a signal to the drill is handled at once.
@@ -441,12 +566,14 @@ rc=0
 lead stop --timeout 60 >/dev/null || rc=$?
 if [[ $rc != 0 ]]; then
   REASONS+=("lead stop exited $rc")
-  kill -9 "$LEAD_PID" 2>/dev/null || true
+  for p in "${LEAD_PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
 fi
-rc=0
-wait "$LEAD_PID" || rc=$?
-[[ $rc == 0 ]] || REASONS+=("lead run (pid $LEAD_PID) exited $rc after lead stop")
-LEAD_PID=""
+for p in "${LEAD_PIDS[@]}"; do
+  rc=0
+  wait "$p" || rc=$?
+  [[ $rc == 0 ]] || REASONS+=("lead run (pid $p) exited $rc after lead stop")
+done
+LEAD_PIDS=()
 
 if pending=$(lead requests --status pending --json); then
   npending=$(python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' <<<"$pending")
@@ -464,7 +591,7 @@ for _ in 1 2 3 4 5 6 7 8 9 10; do
 done
 [[ -z $orphans ]] || REASONS+=("orphaned processes of the team: $(echo $orphans)")
 
-python3 "$TMP/check.py" report "$KILLS_DONE" "$LEAD_KILLS_DONE"
+python3 "$TMP/check.py" report "$KILLS_DONE" "$LEAD_KILLS_DONE" "$REDIS_RESTARTS_DONE"
 r=$(cat "$TMP/reasons")
 [[ -z $r ]] || REASONS=("$r" "${REASONS[@]}")
 log "total $((SECONDS - START)) s"
