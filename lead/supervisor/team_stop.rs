@@ -86,8 +86,14 @@ impl Supervisor {
         // Whoever did not approve is stopped; approvals already say `shutdown`. A config.json
         // that does not parse is left as the person made it: those members then look running
         // with no process, which the next `lead run` resumes just the same.
-        let written = self.writer.apply(|cfg| {
-            for m in cfg.members.iter_mut().filter(|m| m.status.wants_process()) {
+        // On a bus, only this host's members: the others run on.
+        let host = self.host.clone();
+        let written = self.writer.apply(move |cfg| {
+            for m in cfg
+                .members
+                .iter_mut()
+                .filter(|m| m.status.wants_process() && (host.is_none() || m.host == host))
+            {
                 m.status = MemberStatus::Stopped;
                 m.pid = None;
                 m.activity = None;

@@ -1,0 +1,259 @@
+//! Issue 15, placement: a team on a Redis bus spread over two hosts, each a `lead run --host H`
+//! with its own team dir and working dir (here both on this machine), sharing only the server.
+//! Each runs only its own host's members; a member spawned without `--host` goes to the first
+//! supervisor that starts it; a second supervisor for a host that has one is refused; `lead stop
+//! --host H` stops one host and `lead stop` every other; a supervisor killed with `kill -9` is
+//! succeeded once its lease lapses; `lead logs` of another host's member says where its log is.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::redis_server::RedisServer;
+use support::team::{Bg, alive, wait_until};
+
+const T: Duration = Duration::from_secs(30);
+
+struct Host {
+    _tmp: tempfile::TempDir,
+    team: PathBuf,
+    work: PathBuf,
+}
+
+impl Host {
+    fn new() -> Host {
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        Host {
+            team: tmp.path().join(".team"),
+            work,
+            _tmp: tmp,
+        }
+    }
+}
+
+struct Bus {
+    url: String,
+    password: String,
+    cassette: PathBuf,
+}
+
+impl Bus {
+    fn lead(&self, host: &Host, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
+        c.arg("--team-dir")
+            .arg(&host.team)
+            .args(args)
+            .current_dir(&host.work)
+            .env_remove("TROUPE_TEAM_DIR")
+            .env("TROUPE_BUS", &self.url)
+            .env(troupe::bus::PASSWORD_ENV, &self.password)
+            .env("TROUPE_PROVIDER", "replay")
+            .env("TROUPE_CASSETTE", &self.cassette)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn out(&self, host: &Host, args: &[&str]) -> Output {
+        self.lead(host, args).output().unwrap()
+    }
+
+    fn run(&self, host: &Host, name: &str) -> Bg {
+        Bg(self
+            .lead(
+                host,
+                &[
+                    "run",
+                    "--host",
+                    name,
+                    "--stop-timeout",
+                    "1",
+                    "--kill-grace",
+                    "1",
+                ],
+            )
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap())
+    }
+
+    fn members(&self, host: &Host) -> Vec<Value> {
+        let o = self.out(host, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+        v["members"].as_array().unwrap().clone()
+    }
+
+    fn live_hosts(&self, host: &Host) -> Vec<String> {
+        let o = self.out(host, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["bus"]["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+/// A replay cassette answering every call of `names` with "ack".
+fn cassette(dir: &Path, names: &[&str]) -> PathBuf {
+    let path = dir.join("cassette.jsonl");
+    let mut text = String::new();
+    for n in names {
+        for seq in 0..50 {
+            text.push_str(&format!(
+                r#"{{"agent":"{n}","seq":{seq},"response":{{"content":[{{"type":"text","text":"ack"}}],"stop_reason":"end_turn"}}}}"#
+            ));
+            text.push('\n');
+        }
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn two_hosts_split_a_team_and_stop_one_at_a_time() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus {
+        url: server.url("hosts"),
+        password: server.password.clone(),
+        cassette: cassette(scratch.path(), &["a1", "a2", "b1", "b2", "c1"]),
+    };
+    let (a, b) = (Host::new(), Host::new());
+    // --host needs a bus.
+    let o = Command::new(env!("CARGO_BIN_EXE_lead"))
+        .arg("--team-dir")
+        .arg(&a.team)
+        .args(["spawn", "x", "--role", "r", "--prompt", "p", "--host", "a"])
+        .env_remove("TROUPE_BUS")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("needs a bus"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (name, host) in [("a1", "ha"), ("a2", "ha"), ("b1", "hb"), ("b2", "hb")] {
+        // Spawned from either host's CLI: the roster is on the bus.
+        let from = if host == "ha" { &b } else { &a };
+        ok(&bus.out(
+            from,
+            &[
+                "spawn", name, "--role", "r", "--prompt", "ack", "--host", host,
+            ],
+        ));
+    }
+    let sup_a = bus.run(&a, "ha");
+    let members = wait_until(T, "four idle members", || {
+        let ms = bus.members(&a);
+        (ms.iter().filter(|m| m["status"] == "idle").count() == 2).then_some(ms)
+    });
+    // Only host a's members run: b's wait for their own supervisor.
+    for m in &members {
+        let on_a = m["host"] == "ha";
+        assert_eq!(m["status"] == "idle", on_a, "{m}");
+    }
+    let mut sup_b = bus.run(&b, "hb");
+    let members = wait_until(T, "all four idle", || {
+        let ms = bus.members(&b);
+        (ms.iter().filter(|m| m["status"] == "idle").count() == 4).then_some(ms)
+    });
+    let pid_of = |ms: &[Value], n: &str| {
+        ms.iter().find(|m| m["name"] == n).unwrap()["pid"]
+            .as_u64()
+            .unwrap()
+    };
+    // Each worker runs with its own host's team dir.
+    for (n, host) in [("a1", &a), ("b1", &b)] {
+        let cmdline =
+            std::fs::read_to_string(format!("/proc/{}/cmdline", pid_of(&members, n))).unwrap();
+        assert!(
+            cmdline.contains(host.team.to_str().unwrap()),
+            "{n}: {cmdline}"
+        );
+    }
+    assert_eq!(bus.live_hosts(&a), ["ha", "hb"]);
+    // A member spawned with no host goes to the first supervisor that starts it.
+    ok(&bus.out(&a, &["spawn", "c1", "--role", "r", "--prompt", "ack"]));
+    let c1 = wait_until(T, "c1 placed and idle", || {
+        bus.members(&a)
+            .into_iter()
+            .find(|m| m["name"] == "c1" && m["status"] == "idle")
+    });
+    assert!(c1["host"] == "ha" || c1["host"] == "hb", "{c1}");
+    // A second supervisor for host b is refused (after waiting out the lease: it is renewed).
+    let c = Host::new();
+    let o = bus.out(&c, &["run", "--host", "hb"]);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("lease"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The log of a member of the other host is there, not here.
+    let o = bus.out(&a, &["logs", "b1"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("runs on host hb"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    ok(&bus.out(&b, &["logs", "b1"]));
+    // kill -9 of host b's supervisor: its workers die with it; a new one takes over once the
+    // lease lapses, and restarts them.
+    let b1_pid = pid_of(&members, "b1");
+    sup_b.0.kill().unwrap();
+    sup_b.0.wait().unwrap();
+    wait_until(T, "b1's worker gone", || (!alive(b1_pid)).then_some(()));
+    let _sup_b2 = bus.run(&b, "hb");
+    let b1 = wait_until(T, "b1 restarted", || {
+        bus.members(&a).into_iter().find(|m| {
+            m["name"] == "b1"
+                && m["status"] == "idle"
+                && m["pid"].as_u64().is_some_and(|p| p != b1_pid && alive(p))
+        })
+    });
+    assert_eq!(b1["host"], "hb");
+    // Messages cross hosts: sent from host b's CLI to a member of host a, and back.
+    ok(&bus.out(&b, &["send", "a1", "hello"]));
+    // lead stop --host hb stops only host b.
+    ok(&bus.out(&a, &["stop", "--host", "hb"]));
+    let ms = bus.members(&a);
+    for m in &ms {
+        let want = if m["host"] == "hb" { "stopped" } else { "idle" };
+        assert_eq!(m["status"], want, "{m}");
+    }
+    assert_eq!(bus.live_hosts(&a), ["ha"]);
+    // lead stop: every host left.
+    ok(&bus.out(&b, &["stop"]));
+    assert!(bus.live_hosts(&a).is_empty());
+    for m in bus.members(&a) {
+        assert_eq!(m["status"], "stopped", "{m}");
+    }
+    drop(sup_a);
+    let o = bus.out(&a, &["stop"]);
+    assert_eq!(o.status.code(), Some(4), "nothing left to stop");
+}
