@@ -36,10 +36,10 @@ struct Cli {
     /// this directory or a parent, else ./.team).
     #[arg(long, global = true, env = "TROUPE_TEAM_DIR")]
     team_dir: Option<PathBuf>,
-    /// Keep the team's inboxes on this Redis bus, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]`
-    /// (env TROUPE_BUS; the password from TROUPE_BUS_PASSWORD_FILE, the systemd credential
-    /// troupe-bus-password or TROUPE_BUS_PASSWORD, never from the URL). In progress (issue
-    /// 15): only the inboxes move there so far.
+    /// Keep the team's shared state (inboxes, roster, requests, tasks, events) on this Redis
+    /// bus, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]`, so that hosts can share a team (env
+    /// TROUPE_BUS; the password from TROUPE_BUS_PASSWORD_FILE, the systemd credential
+    /// troupe-bus-password or TROUPE_BUS_PASSWORD, never from the URL).
     #[arg(long, global = true, env = "TROUPE_BUS")]
     bus: Option<String>,
     #[command(subcommand)]

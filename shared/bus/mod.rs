@@ -1,10 +1,15 @@
-//! Where the team's shared state lives when it is not (only) the team directory: a Redis 7 (or
-//! Valkey) server, so that teammates on several machines share inboxes (issue 15).
+//! Where the team's shared state lives when it is not the team directory: a Redis 7 (or Valkey)
+//! server, so that teammates on several machines (hosts) share one team.
 //!
 //! A bus is named by a URL, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]` (or `rediss://`),
 //! in `TROUPE_BUS` (`lead --bus` sets it for itself and the workers it starts); a
-//! [`crate::TeamDir`] made while it is set puts the team's inboxes there. So far only the
-//! inboxes: requests, the roster, events and tasks stay in the team dir (issue 15). The password is never part of it: a URL with one is
+//! [`crate::TeamDir`] made while it is set keeps there what every host must see: the inboxes
+//! ([`RedisInbox`]), the roster, each request and each task (documents, changed under a lock of
+//! their own: `redis_doc`), the events (a capped stream), the change feed supervisors wake on,
+//! and the hosts' leases ([`hosts`]). What only the member's own host needs stays in its team
+//! dir: transcripts (the consumers' journals), logs, set-aside lines, worktrees.
+//!
+//! The password is never part of the URL: a URL with one is
 //! refused, so that it cannot end up in a shell history, a process list or a unit file. It is
 //! read, in this order, from the file `TROUPE_BUS_PASSWORD_FILE` names, from the systemd
 //! credential `troupe-bus-password` (`$CREDENTIALS_DIRECTORY`), or from `TROUPE_BUS_PASSWORD`;
