@@ -17,7 +17,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use troupe::agent::conversation::render_message;
 use troupe::agent::lead::{Lead, LeadSettings, Next, Shown, TurnEnd};
-use troupe::fsutil::HeldLock;
 use troupe::llm::{self, LlmError, Provider};
 use troupe::message::Message;
 use troupe::sandbox::Sandbox;
@@ -85,14 +84,15 @@ pub struct OwnSupervisor {
 }
 
 impl OwnSupervisor {
-    /// Starts `lead run` for `team` unless a supervisor already holds it.
+    /// Starts `lead run` for `team` unless a supervisor already holds it (on a bus: unless some
+    /// host's supervisor runs; a member the lead spawns then goes to the first that starts it).
     pub fn start_if_needed(
         team: &TeamDir,
         workdir: &Path,
         sandbox: &troupe::sandbox::Settings,
         env: &EnvOverlay,
     ) -> anyhow::Result<Option<OwnSupervisor>> {
-        if HeldLock::is_held(&team.lead_lock())? {
+        if troupe::liveness::supervisor_running(team)? {
             return Ok(None);
         }
         let mut args = vec!["--workdir".to_owned(), workdir.display().to_string()];
