@@ -371,6 +371,15 @@ impl Roster {
         Roster { team: team.clone() }
     }
 
+    /// Where the roster is, for messages: `config.json`, or the roster on the bus.
+    fn place(&self) -> &'static str {
+        if self.team.bus().is_some() {
+            "the roster on the bus"
+        } else {
+            "config.json"
+        }
+    }
+
     /// Reads the roster (an empty team if the file does not exist). A file that does not parse
     /// is an error and is left as it is.
     pub fn load(&self) -> Result<TeamConfig> {
@@ -537,7 +546,8 @@ impl RosterWriter {
                 self.pending.clear();
                 if let Some(e) = self.last_error.take() {
                     tracing::info!(
-                        "config.json is writable again (after: {e}); pending changes written"
+                        "{} is writable again (after: {e}); pending changes written",
+                        self.roster.place()
                     );
                 }
                 true
@@ -546,7 +556,8 @@ impl RosterWriter {
                 let text = e.to_string();
                 if self.last_error.as_deref() != Some(text.as_str()) {
                     tracing::warn!(
-                        "{text}; the change is kept and written once config.json can be"
+                        "{text}; the change is kept and written once {} can be",
+                        self.roster.place()
                     );
                     self.last_error = Some(text);
                 }
