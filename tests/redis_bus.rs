@@ -564,3 +564,89 @@ fn requests_roster_and_events_live_on_the_bus() {
     assert!(std::fs::read_dir(team.requests_dir()).map_or(true, |mut d| d.next().is_none()));
     assert!(!team.events().exists());
 }
+
+/// A worker whose drain meets a server outage (here: the server killed while the worker waits
+/// for its model, and down for 3 s, so the drain before the next model call finds it gone)
+/// waits for the server instead of exiting (which made the supervisor restart it, and a long
+/// outage mark it `failed`); once the server is back it finishes its activation and answers.
+#[test]
+fn a_worker_waits_out_a_server_outage_mid_activation() {
+    use support::fake_llm::{
+        FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+    };
+    use support::team::{Team, wait_until};
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url("outage-worker");
+    let team = Team::new();
+    let usage = r#"{"input_tokens":10,"output_tokens":5}"#;
+    let fake = FakeLlm::start([
+        // The first answer comes late: the server dies meanwhile.
+        Reply::ok(anthropic_message(
+            &anthropic_tool_use_block("tu_1", "read_inbox", "{}"),
+            "tool_use",
+            usage,
+        ))
+        .delay(Duration::from_millis(1500)),
+        Reply::ok(anthropic_message(
+            &anthropic_tool_use_block("tu_2", "send_message", r#"{"to":"lead","content":"back"}"#),
+            "tool_use",
+            usage,
+        )),
+        Reply::ok(anthropic_text("done")),
+    ]);
+    let bus = RedisBus::with_password(&url, &server.password).unwrap();
+    let on_bus = team.dir.clone().with_bus(Some(bus));
+    Roster::new(&on_bus)
+        .update(|c| {
+            let mut m = Member::new("alice", "coder");
+            m.incarnation = 1;
+            m.prompt = Some("Do what the lead asks.".into());
+            c.members.push(m);
+            Ok(())
+        })
+        .unwrap();
+    troupe::inbox::Inbox::new(&on_bus, &alice())
+        .append(&msg("ping"), troupe::inbox::Durability::Sync)
+        .unwrap();
+    let mut w = team.worker(
+        "alice",
+        &fake.url(),
+        &[
+            ("TROUPE_BUS", url.as_str()),
+            (PASSWORD_ENV, server.password.as_str()),
+        ],
+    );
+    wait_until(Duration::from_secs(30), "the first model call", || {
+        (fake.request_count() >= 1).then_some(())
+    });
+    server.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        w.try_status().is_none(),
+        "the worker exited during the outage: {:?}\n{}",
+        w.try_status(),
+        team.stderr("alice")
+    );
+    server.start_again();
+    let lead_inbox = troupe::inbox::Inbox::new(&on_bus, &AgentName::lead());
+    wait_until(
+        Duration::from_secs(30),
+        "the reply after the outage",
+        || {
+            lead_inbox
+                .peek()
+                .unwrap()
+                .into_iter()
+                .find(|m| m.content == "back")
+        },
+    );
+    assert!(
+        team.stderr("alice").contains("waiting for the bus"),
+        "{}",
+        team.stderr("alice")
+    );
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(w.wait(Duration::from_secs(5)).code(), Some(143));
+}

@@ -293,9 +293,42 @@ impl Teammate {
         self.auto_claim = me.auto_claim;
     }
 
+    /// Drains the inbox; a bus that does not answer (a server restarting, a network cut) is
+    /// waited for, with a backoff from 100 ms to 2 s and the outage logged once, rather than
+    /// ending the process (a restart would meet the same outage, and enough of them would mark
+    /// the member `failed`). A signal meanwhile ends the wait with nothing drained: the loop
+    /// then sees it.
+    fn drain_patiently(&mut self) -> Result<Vec<Message>> {
+        let mut backoff = Duration::ZERO;
+        loop {
+            match self.inbox.drain(&mut self.journal) {
+                Err(e @ crate::Error::Bus { .. }) => {
+                    if backoff.is_zero() {
+                        tracing::warn!("{e}; waiting for the bus");
+                    }
+                    if self.terminated() {
+                        return Ok(Vec::new());
+                    }
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    let until = std::time::Instant::now() + backoff;
+                    while std::time::Instant::now() < until && !self.terminated() {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                other => {
+                    if !backoff.is_zero() && other.is_ok() {
+                        tracing::info!("the bus answers again; inbox drained");
+                    }
+                    return other;
+                }
+            }
+        }
+    }
+
     /// Drains the inbox into the journal; handles stale shutdown requests at once.
     fn drain(&mut self) -> Result<Vec<Message>> {
-        let batch = self.inbox.drain(&mut self.journal)?;
+        let batch = self.drain_patiently()?;
         let mut handled = Vec::new();
         for m in &batch {
             self.conv.push_entry(&Entry::Inbox { message: m.clone() });
@@ -835,7 +868,7 @@ impl Teammate {
     }
 
     fn tool_read_inbox(&mut self, inbox_ids: &mut Vec<String>) -> Result<ToolOutput> {
-        let batch = self.inbox.drain(&mut self.journal)?;
+        let batch = self.drain_patiently()?;
         for m in &batch {
             if let Err(e) = self.note_message(m) {
                 tracing::warn!("{e}");

@@ -80,6 +80,18 @@ impl RedisServer {
         self.wait_ready();
     }
 
+    /// Kills the server with SIGKILL and leaves it down (see [`RedisServer::start_again`]).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a stopped server again on the same port and files.
+    pub fn start_again(&mut self) {
+        self.child = spawn(&self.bin, &self.dir.path().join("redis.conf"));
+        self.wait_ready();
+    }
+
     /// The bus URL (no password in it, as troupe requires).
     pub fn url(&self, team: &str) -> String {
         format!("redis://troupe@127.0.0.1:{}/0?team={team}", self.port)
