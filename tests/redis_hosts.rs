@@ -257,3 +257,59 @@ fn two_hosts_split_a_team_and_stop_one_at_a_time() {
     let o = bus.out(&a, &["stop"]);
     assert_eq!(o.status.code(), Some(4), "nothing left to stop");
 }
+
+/// The board's hooks run on one host of a team on a bus: two supervisors, a `task_created`
+/// hook that takes a while, five tasks added from the CLI: five runs, not up to ten.
+#[test]
+fn the_board_hooks_run_on_one_host() {
+    use troupe::hooks::{Hook, HookEvent};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus {
+        url: server.url("hooks"),
+        password: server.password.clone(),
+        cassette: cassette(scratch.path(), &[]),
+    };
+    let (a, b) = (Host::new(), Host::new());
+    let log = scratch.path().join("hook.log");
+    let on_bus = troupe::TeamDir::create(&a.team).unwrap().with_bus(Some(
+        troupe::bus::RedisBus::with_password(&bus.url, &bus.password).unwrap(),
+    ));
+    troupe::config::Roster::new(&on_bus)
+        .update(|c| {
+            c.hooks.push(Hook {
+                event: HookEvent::TaskCreated,
+                command: format!(
+                    "cat >> {}; echo >> {}; sleep 0.6",
+                    log.display(),
+                    log.display()
+                ),
+                timeout_secs: Some(20),
+            });
+            Ok(())
+        })
+        .unwrap();
+    let _sup_a = bus.run(&a, "ha");
+    let _sup_b = bus.run(&b, "hb");
+    wait_until(T, "both hosts up", || {
+        (bus.live_hosts(&a).len() == 2).then_some(())
+    });
+    for i in 0..5 {
+        ok(&bus.out(&b, &["task", "add", &format!("task {i}")]));
+    }
+    let store = troupe::tasks::TaskStore::new(&on_bus);
+    wait_until(T, "every task_created hook settled", || {
+        let tasks = store.list(None).unwrap();
+        (tasks.len() == 5 && tasks.iter().all(|t| !t.created_hook_pending)).then_some(())
+    });
+    // A pass that started before the last verdict has had its chance to run twice.
+    std::thread::sleep(Duration::from_millis(1500));
+    let runs = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    assert_eq!(runs, 5, "{}", std::fs::read_to_string(&log).unwrap());
+}

@@ -150,6 +150,20 @@ impl Runner {
         }
     }
 
+    /// Whether this supervisor runs the board's hooks (`task_created`, `task_completed`): on one
+    /// machine, yes; on a bus, only the live host first in name order, so that each event's
+    /// hooks run on one host (while hosts come and go two may both run one: at least once, as
+    /// ever; the verdict is applied once).
+    fn runs_task_hooks(&self) -> bool {
+        let (Some(me), Some(bus)) = (&self.host, self.team.bus()) else {
+            return true;
+        };
+        match troupe::bus::hosts::live_hosts(bus) {
+            Ok(live) => live.first().is_none_or(|first| first == me),
+            Err(_) => false,
+        }
+    }
+
     /// Runs the hooks of everything marked as waiting for them, oldest first within each kind.
     fn pass(&self) -> anyhow::Result<()> {
         // An unreadable config.json (a person's edit in progress): the marks wait.
@@ -160,13 +174,20 @@ impl Runner {
         // meanwhile changes a task file, which wakes the thread for another pass; each verdict
         // is checked against the task as it is then.
         let board = self.store.list(None)?;
-        for t in board.iter().filter(|t| t.created_hook_pending) {
+        let task_hooks_here = self.runs_task_hooks();
+        for t in board
+            .iter()
+            .filter(|t| task_hooks_here && t.created_hook_pending)
+        {
             if self.stopped() {
                 return Ok(());
             }
             self.task_created(&cfg, t)?;
         }
-        for t in board.iter().filter(|t| t.status == TaskStatus::Completing) {
+        for t in board
+            .iter()
+            .filter(|t| task_hooks_here && t.status == TaskStatus::Completing)
+        {
             if self.stopped() {
                 return Ok(());
             }
