@@ -81,6 +81,10 @@ pub struct MemberDecl {
     /// Its own git worktree (`lead spawn --worktree`); applied when the member is spawned.
     #[serde(default)]
     pub worktree: bool,
+    /// The host whose supervisor runs it, on a team across machines (`lead spawn --host`);
+    /// applied when the member is spawned.
+    #[serde(default)]
+    pub host: Option<String>,
     #[serde(default)]
     pub budget_usd: Option<f64>,
     #[serde(default)]
@@ -139,6 +143,8 @@ pub struct Declared {
     pub settings: MemberSettings,
     /// Its own git worktree (`lead spawn --worktree`), given when it is added.
     pub worktree: bool,
+    /// Its host (`lead spawn --host`), given when it is added.
+    pub host: Option<String>,
 }
 
 /// A validated file: what [`diff`] compares with the team dir.
@@ -202,9 +208,13 @@ pub fn validate(
             }
         };
         check_usd(&format!("{who}: budget_usd"), m.budget_usd)?;
+        if let Some(h) = &m.host {
+            troupe::bus::hosts::check_host(h).map_err(|e| invalid(format!("{who}: {e}")))?;
+        }
         members.push(Declared {
             name: m.name,
             worktree: m.worktree,
+            host: m.host.clone(),
             settings: MemberSettings {
                 role: m.role,
                 prompt,
@@ -534,14 +544,28 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     // Everything that can be refused is refused before the team dir is created or touched.
     let (cfg, tasks, running) = state(team_dir)?;
     diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;
+    if let Some(h) = plan.members.iter().find_map(|m| m.host.as_deref()) {
+        // Hosts are those of a team on a bus: refused now, not half way.
+        if std::env::var_os(troupe::bus::BUS_ENV).is_none() {
+            return Err(troupe::Error::Bus {
+                what: format!("host {h:?} in {}", a.file.display()),
+                why: "a host is where a member runs on a team spread over machines; it needs a \
+                      bus (--bus redis://... or TROUPE_BUS)"
+                    .to_owned(),
+            }
+            .into());
+        }
+    }
     if plan.members.iter().any(|m| m.worktree) {
         // Members with a worktree need a git repository: refused now, not half way.
         troupe::worktree::repository_of(team_dir)?;
     }
     let team = TeamDir::create(team_dir)?;
+    // One `lead up` at a time: on a bus, across hosts too.
     let lock_path = team.up_lock();
     let lock = troupe::fsutil::open_lock(&lock_path)?;
     let _guard = troupe::fsutil::lock_exclusive(&lock, &lock_path)?;
+    let _on_bus = team.bus().map(|b| b.lock("up")).transpose()?;
     // Under the lock, against what is there now (another `lead up` may have gone first).
     let (cfg, tasks, running) = state(team_dir)?;
     let changes = diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;
@@ -616,7 +640,7 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
                         budget_usd: s.budget_usd,
                         budget_tokens: s.budget_tokens,
                         worktree: d.worktree,
-                        host: None,
+                        host: d.host.clone(),
                     },
                 )
                 .with_context(|| format!("failed to spawn member {}", d.name))?;

@@ -23,7 +23,7 @@ pub mod hosts;
 mod redis_doc;
 mod redis_inbox;
 
-pub use redis_doc::{ChangeFeed, FEED_LEN, LEASE};
+pub use redis_doc::{BusLock, ChangeFeed, FEED_LEN, LEASE};
 pub use redis_inbox::{RedisInbox, RedisWaiter};
 
 use std::fmt;

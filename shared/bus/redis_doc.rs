@@ -59,7 +59,7 @@ return 0
 ";
 
 /// A lock held on the bus; released when dropped (a failed release is left to the lease).
-pub(crate) struct BusLock<'a> {
+pub struct BusLock<'a> {
     bus: &'a RedisBus,
     key: String,
     token: String,
@@ -82,7 +82,7 @@ impl Drop for BusLock<'_> {
 impl RedisBus {
     /// Takes the lock `KEY:lock` of the team's key `key` (`key` is the part after
     /// `troupe:{TEAM}:`), waiting while another process holds it.
-    pub(crate) fn lock(&self, key: &str) -> Result<BusLock<'_>> {
+    pub fn lock(&self, key: &str) -> Result<BusLock<'_>> {
         let key = format!("{}:lock", self.key(key));
         let token = uuid::Uuid::new_v4().simple().to_string();
         let started = Instant::now();
