@@ -313,3 +313,54 @@ fn the_board_hooks_run_on_one_host() {
         .count();
     assert_eq!(runs, 5, "{}", std::fs::read_to_string(&log).unwrap());
 }
+
+/// `lead up` places members too: a team file's `host` lands in the roster on the bus, and a
+/// file with a host is refused without a bus before anything changes.
+#[test]
+fn a_team_file_places_members_on_hosts() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus {
+        url: server.url("up"),
+        password: server.password.clone(),
+        cassette: cassette(scratch.path(), &[]),
+    };
+    let a = Host::new();
+    let file = scratch.path().join("team.toml");
+    std::fs::write(
+        &file,
+        "[[members]]\nname = \"gpu\"\nrole = \"ml\"\nprompt = \"train\"\nhost = \"gpu-1\"\n\n\
+         [[members]]\nname = \"doc\"\nrole = \"docs\"\nprompt = \"write\"\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lead"))
+        .arg("--team-dir")
+        .arg(&a.team)
+        .args(["up", file])
+        .env_remove("TROUPE_BUS")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("needs a bus"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!a.team.join("config.json").exists(), "nothing changed");
+    ok(&bus.out(&a, &["up", file]));
+    let hosts: Vec<(String, Value)> = bus
+        .members(&a)
+        .into_iter()
+        .map(|m| (m["name"].as_str().unwrap().to_owned(), m["host"].clone()))
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("gpu".to_owned(), Value::from("gpu-1")),
+            ("doc".to_owned(), Value::Null)
+        ]
+    );
+}
