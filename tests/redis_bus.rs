@@ -79,6 +79,35 @@ fn child() {
     child::dispatch(&[("writer", writer), ("killed_drainer", killed_drainer)]);
 }
 
+/// `team`'s dir with the team's state on the bus `team_name` of `server`, alice in its roster
+/// there (the roster is on the bus too: not in config.json) and "ping" in her inbox, and her
+/// worker started against the model at `llm` with the bus in its environment (as `lead run`
+/// hands it on).
+fn alice_on_the_bus(
+    server: &RedisServer,
+    team_name: &str,
+    team: &support::team::Team,
+    llm: &str,
+) -> (TeamDir, Message, support::team::Worker) {
+    let url = server.url(team_name);
+    let bus = RedisBus::with_password(&url, &server.password).unwrap();
+    let on_bus = team.dir.clone().with_bus(Some(bus));
+    support::team::add_member_to(&on_bus, "alice", 1, false);
+    let ping = msg("ping");
+    troupe::inbox::Inbox::new(&on_bus, &alice())
+        .append(&ping, troupe::inbox::Durability::Sync)
+        .unwrap();
+    let w = team.worker(
+        "alice",
+        llm,
+        &[
+            ("TROUPE_BUS", url.as_str()),
+            (PASSWORD_ENV, server.password.as_str()),
+        ],
+    );
+    (on_bus, ping, w)
+}
+
 fn setup(server: &RedisServer, team_name: &str) -> (tempfile::TempDir, TeamDir, RedisBus) {
     let tmp = tempfile::tempdir().unwrap();
     let team = TeamDir::create(tmp.path().join(".team")).unwrap();
@@ -351,7 +380,6 @@ fn a_worker_reads_and_writes_its_mail_on_the_bus() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let url = server.url("worker");
     let team = Team::new();
     let usage = r#"{"input_tokens":10,"output_tokens":5,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}"#;
     let fake = FakeLlm::start([
@@ -362,30 +390,7 @@ fn a_worker_reads_and_writes_its_mail_on_the_bus() {
         )),
         Reply::ok(anthropic_text("done")),
     ]);
-    let bus = RedisBus::with_password(&url, &server.password).unwrap();
-    let on_bus = team.dir.clone().with_bus(Some(bus));
-    // The roster is on the bus too: the member is written there, not to config.json.
-    Roster::new(&on_bus)
-        .update(|c| {
-            let mut m = Member::new("alice", "coder");
-            m.incarnation = 1;
-            m.prompt = Some("Do what the lead asks.".into());
-            c.members.push(m);
-            Ok(())
-        })
-        .unwrap();
-    let ping = msg("ping");
-    troupe::inbox::Inbox::new(&on_bus, &alice())
-        .append(&ping, troupe::inbox::Durability::Sync)
-        .unwrap();
-    let mut w = team.worker(
-        "alice",
-        &fake.url(),
-        &[
-            ("TROUPE_BUS", url.as_str()),
-            (PASSWORD_ENV, server.password.as_str()),
-        ],
-    );
+    let (on_bus, ping, mut w) = alice_on_the_bus(&server, "worker", &team, &fake.url());
     let lead_inbox = troupe::inbox::Inbox::new(&on_bus, &AgentName::lead());
     let reply = wait_until(Duration::from_secs(30), "the reply on the bus", || {
         lead_inbox
@@ -578,7 +583,6 @@ fn a_worker_waits_out_a_server_outage_mid_activation() {
     let Some(mut server) = RedisServer::start() else {
         return;
     };
-    let url = server.url("outage-worker");
     let team = Team::new();
     let usage = r#"{"input_tokens":10,"output_tokens":5}"#;
     let fake = FakeLlm::start([
@@ -596,28 +600,7 @@ fn a_worker_waits_out_a_server_outage_mid_activation() {
         )),
         Reply::ok(anthropic_text("done")),
     ]);
-    let bus = RedisBus::with_password(&url, &server.password).unwrap();
-    let on_bus = team.dir.clone().with_bus(Some(bus));
-    Roster::new(&on_bus)
-        .update(|c| {
-            let mut m = Member::new("alice", "coder");
-            m.incarnation = 1;
-            m.prompt = Some("Do what the lead asks.".into());
-            c.members.push(m);
-            Ok(())
-        })
-        .unwrap();
-    troupe::inbox::Inbox::new(&on_bus, &alice())
-        .append(&msg("ping"), troupe::inbox::Durability::Sync)
-        .unwrap();
-    let mut w = team.worker(
-        "alice",
-        &fake.url(),
-        &[
-            ("TROUPE_BUS", url.as_str()),
-            (PASSWORD_ENV, server.password.as_str()),
-        ],
-    );
+    let (on_bus, _, mut w) = alice_on_the_bus(&server, "outage-worker", &team, &fake.url());
     wait_until(Duration::from_secs(30), "the first model call", || {
         (fake.request_count() >= 1).then_some(())
     });

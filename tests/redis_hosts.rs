@@ -43,6 +43,22 @@ struct Bus {
 }
 
 impl Bus {
+    /// The team `team` on `server`, its members answered from a cassette in `scratch`.
+    fn new(server: &RedisServer, team: &str, scratch: &Path, names: &[&str]) -> Bus {
+        Bus {
+            url: server.url(team),
+            password: server.password.clone(),
+            cassette: cassette(scratch, names),
+        }
+    }
+
+    /// `host`'s team dir with the team's state on this bus (the library's seam).
+    fn team_dir(&self, host: &Host) -> troupe::TeamDir {
+        troupe::TeamDir::create(&host.team).unwrap().with_bus(Some(
+            troupe::bus::RedisBus::with_password(&self.url, &self.password).unwrap(),
+        ))
+    }
+
     fn lead(&self, host: &Host, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
         c.arg("--team-dir")
@@ -125,23 +141,12 @@ fn ok(o: &Output) {
     );
 }
 
-#[test]
-fn two_hosts_split_a_team_and_stop_one_at_a_time() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let scratch = tempfile::tempdir().unwrap();
-    let bus = Bus {
-        url: server.url("hosts"),
-        password: server.password.clone(),
-        cassette: cassette(scratch.path(), &["a1", "a2", "b1", "b2", "c1"]),
-    };
-    let (a, b) = (Host::new(), Host::new());
-    // --host needs a bus.
+/// `lead ARGS` in `host`'s team dir with no bus fails, saying a host needs one.
+fn refused_without_a_bus(host: &Host, args: &[&str]) {
     let o = Command::new(env!("CARGO_BIN_EXE_lead"))
         .arg("--team-dir")
-        .arg(&a.team)
-        .args(["spawn", "x", "--role", "r", "--prompt", "p", "--host", "a"])
+        .arg(&host.team)
+        .args(args)
         .env_remove("TROUPE_BUS")
         .output()
         .unwrap();
@@ -150,6 +155,25 @@ fn two_hosts_split_a_team_and_stop_one_at_a_time() {
         String::from_utf8_lossy(&o.stderr).contains("needs a bus"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn two_hosts_split_a_team_and_stop_one_at_a_time() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus::new(
+        &server,
+        "hosts",
+        scratch.path(),
+        &["a1", "a2", "b1", "b2", "c1"],
+    );
+    let (a, b) = (Host::new(), Host::new());
+    refused_without_a_bus(
+        &a,
+        &["spawn", "x", "--role", "r", "--prompt", "p", "--host", "a"],
     );
     for (name, host) in [("a1", "ha"), ("a2", "ha"), ("b1", "hb"), ("b2", "hb")] {
         // Spawned from either host's CLI: the roster is on the bus.
@@ -267,16 +291,10 @@ fn the_board_hooks_run_on_one_host() {
         return;
     };
     let scratch = tempfile::tempdir().unwrap();
-    let bus = Bus {
-        url: server.url("hooks"),
-        password: server.password.clone(),
-        cassette: cassette(scratch.path(), &[]),
-    };
+    let bus = Bus::new(&server, "hooks", scratch.path(), &[]);
     let (a, b) = (Host::new(), Host::new());
     let log = scratch.path().join("hook.log");
-    let on_bus = troupe::TeamDir::create(&a.team).unwrap().with_bus(Some(
-        troupe::bus::RedisBus::with_password(&bus.url, &bus.password).unwrap(),
-    ));
+    let on_bus = bus.team_dir(&a);
     troupe::config::Roster::new(&on_bus)
         .update(|c| {
             c.hooks.push(Hook {
@@ -322,11 +340,7 @@ fn a_team_file_places_members_on_hosts() {
         return;
     };
     let scratch = tempfile::tempdir().unwrap();
-    let bus = Bus {
-        url: server.url("up"),
-        password: server.password.clone(),
-        cassette: cassette(scratch.path(), &[]),
-    };
+    let bus = Bus::new(&server, "up", scratch.path(), &[]);
     let a = Host::new();
     let file = scratch.path().join("team.toml");
     std::fs::write(
@@ -336,19 +350,7 @@ fn a_team_file_places_members_on_hosts() {
     )
     .unwrap();
     let file = file.to_str().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_lead"))
-        .arg("--team-dir")
-        .arg(&a.team)
-        .args(["up", file])
-        .env_remove("TROUPE_BUS")
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("needs a bus"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    refused_without_a_bus(&a, &["up", file]);
     assert!(!a.team.join("config.json").exists(), "nothing changed");
     ok(&bus.out(&a, &["up", file]));
     let hosts: Vec<(String, Value)> = bus

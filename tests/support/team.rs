@@ -58,16 +58,7 @@ impl Team {
 
     /// Adds a member record as the lead would before spawning it.
     pub fn add_member(&self, name: &str, incarnation: u64, require_plan: bool) {
-        Roster::new(&self.dir)
-            .update(|c| {
-                let mut m = Member::new(name, "coder");
-                m.incarnation = incarnation;
-                m.require_plan_approval = require_plan;
-                m.prompt = Some("Do what the lead asks.".into());
-                c.members.push(m);
-                Ok(())
-            })
-            .unwrap();
+        add_member_to(&self.dir, name, incarnation, require_plan);
     }
 
     pub fn send(&self, to: &str, text: &str) -> Message {
@@ -296,4 +287,19 @@ pub fn bash_pids_running(fragment: &str) -> Vec<u64> {
         })
         .map(|(p, _)| p)
         .collect()
+}
+
+/// Adds a `coder` member to the roster of `dir` (on its bus, when it has one), told to do what
+/// the lead asks.
+pub fn add_member_to(dir: &TeamDir, name: &str, incarnation: u64, require_plan: bool) {
+    Roster::new(dir)
+        .update(|c| {
+            let mut m = Member::new(name, "coder");
+            m.incarnation = incarnation;
+            m.require_plan_approval = require_plan;
+            m.prompt = Some("Do what the lead asks.".into());
+            c.members.push(m);
+            Ok(())
+        })
+        .unwrap();
 }
