@@ -109,6 +109,12 @@ TAG="drill-$(basename "$TMP")"
 START=$SECONDS
 
 log() { echo "recovery-drill: $*" >&2; }
+# A check failed during the drill: say why on stderr and exit 1 (the team dir is kept).
+fail() {
+  FAILED=1
+  echo "recovery-drill: FAIL: $*" >&2
+  exit 1
+}
 bc_sub() { python3 -c 'import sys; print(float(sys.argv[1]) - float(sys.argv[2]))' "$1" "$2"; }
 
 LEAD_PIDS=()
@@ -197,9 +203,7 @@ start_redis() {
   until redis-cli -p "$REDIS_PORT" --user troupe --pass "$TROUPE_BUS_PASSWORD" --no-auth-warning \
     ping 2>/dev/null | grep -q PONG; do
     if [[ $SECONDS -ge $deadline ]]; then
-      FAILED=1
-      echo "recovery-drill: FAIL: redis-server not up within 10 s (see $REDIS_DIR/redis.log)" >&2
-      exit 1
+      fail "redis-server not up within 10 s (see $REDIS_DIR/redis.log)"
     fi
     sleep 0.02
   done
@@ -252,14 +256,10 @@ start_lead() {
     text=$(cat "${TEAMS[$i]}/lead.lock" 2>/dev/null || true)
     [[ $text == "$pid ready"* ]] && return 0
     if ! kill -0 "$pid" 2>/dev/null; then
-      FAILED=1
-      echo "recovery-drill: FAIL: lead run exited during start-up (see $TMP/lead-run-$i.log)" >&2
-      exit 1
+      fail "lead run exited during start-up (see $TMP/lead-run-$i.log)"
     fi
     if [[ $SECONDS -ge $deadline ]]; then
-      FAILED=1
-      echo "recovery-drill: FAIL: lead run not ready within 30 s" >&2
-      exit 1
+      fail "lead run not ready within 30 s"
     fi
     sleep 0.01
   done
@@ -368,9 +368,7 @@ kill_lead() {
   for p in "${orphans[@]}"; do
     while [[ -d /proc/$p ]] && is_live_worker "$p"; do
       if [[ $SECONDS -ge $deadline ]]; then
-        FAILED=1
-        echo "recovery-drill: FAIL: worker $p outlived the supervisor it was started by (kill -9 of $old) by 10 s" >&2
-        exit 1
+        fail "worker $p outlived the supervisor it was started by (kill -9 of $old) by 10 s"
       fi
       sleep 0.01
     done
@@ -408,9 +406,7 @@ for ((e = 0; e < EVENTS; e++)); do
   until pid=$(random_worker); do
     tries=$((tries + 1))
     if [[ $tries -ge 1000 ]]; then
-      FAILED=1
-      echo "recovery-drill: FAIL: no live worker to kill for 10 s (see lead status)" >&2
-      exit 1
+      fail "no live worker to kill for 10 s (see lead status)"
     fi
     sleep 0.01
   done

@@ -33,14 +33,6 @@ end
 return 0
 ";
 
-/// KEYS: lease. ARGV: token.
-const LET_GO: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-";
-
 /// Whether `host` is a usable host name: 1-64 of `A-Z a-z 0-9 . _ -`.
 pub fn check_host(host: &str) -> Result<()> {
     let ok = (1..=64).contains(&host.len())
@@ -150,7 +142,7 @@ impl HostLease {
         let key = self.bus.key(&format!("lease:{}", self.host));
         let stop = self.bus.key(&format!("stop:{}", self.host));
         let r = self.bus.with_conn("let the host's lease go", |c| {
-            redis::Script::new(LET_GO)
+            redis::Script::new(super::redis_doc::RELEASE)
                 .key(&key)
                 .arg(&self.token)
                 .invoke::<i64>(c)?;

@@ -50,8 +50,8 @@ redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'k', KEYS[1])
 return 1
 ";
 
-/// KEYS: lock. ARGV: token.
-const RELEASE: &str = r"
+/// KEYS: lock (or a host's lease). ARGV: token. Deletes it only while it holds the token.
+pub(super) const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
