@@ -547,13 +547,9 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     if let Some(h) = plan.members.iter().find_map(|m| m.host.as_deref()) {
         // Hosts are those of a team on a bus: refused now, not half way.
         if std::env::var_os(troupe::bus::BUS_ENV).is_none() {
-            return Err(troupe::Error::Bus {
-                what: format!("host {h:?} in {}", a.file.display()),
-                why: "a host is where a member runs on a team spread over machines; it needs a \
-                      bus (--bus redis://... or TROUPE_BUS)"
-                    .to_owned(),
-            }
-            .into());
+            return Err(
+                troupe::bus::hosts::no_bus(format!("host {h:?} in {}", a.file.display())).into(),
+            );
         }
     }
     if plan.members.iter().any(|m| m.worktree) {

@@ -50,12 +50,7 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
     let name = AgentName::teammate(&spec.name)?;
     if let Some(h) = &spec.host {
         if team.bus().is_none() {
-            return Err(Error::Bus {
-                what: format!("--host {h}"),
-                why: "a host is where a member runs on a team spread over machines; it needs a \
-                      bus (--bus redis://... or TROUPE_BUS)"
-                    .to_owned(),
-            });
+            return Err(crate::bus::hosts::no_bus(format!("--host {h}")));
         }
         crate::bus::hosts::check_host(h)?;
     }

@@ -231,10 +231,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
                 hosts::HOST_LEASE + Duration::from_secs(2),
             )?)
         }
-        (None, Some(h)) => anyhow::bail!(
-            "--host {h}: a host is one machine of a team spread over several, which needs a bus \
-             (--bus redis://... or TROUPE_BUS)"
-        ),
+        (None, Some(h)) => return Err(hosts::no_bus(format!("--host {h}")).into()),
         (None, None) => None,
     };
     let workdir = match &args.workdir {

@@ -130,7 +130,7 @@ pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
         return stop_hosts(bus, a);
     }
     if let Some(h) = &a.host {
-        anyhow::bail!("--host {h}: hosts are those of a team on a bus (--bus or TROUPE_BUS)");
+        return Err(hosts::no_bus(format!("--host {h}")).into());
     }
     let lock = team.lead_lock();
     if !HeldLock::is_held(&lock)? {

@@ -49,6 +49,16 @@ pub fn check_host(host: &str) -> Result<()> {
     }
 }
 
+/// The refusal of a host (`what`: where it was given) on a team with no bus.
+pub fn no_bus(what: String) -> Error {
+    Error::Bus {
+        what,
+        why: "a host is where a member runs on a team spread over machines; it needs a bus \
+              (--bus redis://... or TROUPE_BUS)"
+            .to_owned(),
+    }
+}
+
 /// This machine's host name (the default `--host`), or `localhost` when it has none usable.
 pub fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
