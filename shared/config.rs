@@ -352,11 +352,30 @@ impl TeamConfig {
 /// The roster's key on a bus (`troupe:{TEAM}:roster`, the JSON of config.json).
 const ROSTER_KEY: &str = "roster";
 
-fn parse_on_bus(bus: &crate::bus::RedisBus, bytes: &[u8]) -> Result<TeamConfig> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+/// The roster from its key on `bus` (an empty team when there is none).
+fn parse_on_bus(bus: &crate::bus::RedisBus, bytes: Option<Vec<u8>>) -> Result<TeamConfig> {
+    let Some(bytes) = bytes else {
+        return Ok(TeamConfig::default());
+    };
+    serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
         path: std::path::PathBuf::from(bus.key(ROSTER_KEY)),
         why: e.to_string(),
     })
+}
+
+/// `f` applied to a copy of `before`: the roster to write (`None`: `f` changed nothing) and
+/// what `f` returned.
+fn apply<R>(
+    before: TeamConfig,
+    f: impl FnOnce(&mut TeamConfig) -> Result<R>,
+) -> Result<(Option<TeamConfig>, R)> {
+    let mut cfg = before.clone();
+    let out = f(&mut cfg)?;
+    Ok(((cfg != before).then_some(cfg), out))
+}
+
+fn unserializable(e: serde_json::Error) -> Error {
+    Error::Protocol(format!("failed to serialize config: {e}"))
 }
 
 /// Access to a team's `config.json`, or to its roster on the team's bus when it has one.
@@ -384,10 +403,7 @@ impl Roster {
     /// is an error and is left as it is.
     pub fn load(&self) -> Result<TeamConfig> {
         if let Some(bus) = self.team.bus() {
-            return match bus.get_doc(ROSTER_KEY)? {
-                None => Ok(TeamConfig::default()),
-                Some(bytes) => parse_on_bus(bus, &bytes),
-            };
+            return parse_on_bus(bus, bus.get_doc(ROSTER_KEY)?);
         }
         let path = self.team.config();
         match fsutil::read_optional(&path)? {
@@ -404,29 +420,19 @@ impl Roster {
     pub fn update<R>(&self, f: impl FnOnce(&mut TeamConfig) -> Result<R>) -> Result<R> {
         if let Some(bus) = self.team.bus() {
             return bus.locked_doc(ROSTER_KEY, |bytes| {
-                let before = match bytes {
-                    None => TeamConfig::default(),
-                    Some(b) => parse_on_bus(bus, &b)?,
-                };
-                let mut cfg = before.clone();
-                let out = f(&mut cfg)?;
-                if cfg == before {
-                    return Ok((None, out));
-                }
-                let bytes = serde_json::to_vec(&cfg)
-                    .map_err(|e| Error::Protocol(format!("failed to serialize config: {e}")))?;
-                Ok((Some(bytes), out))
+                let (next, out) = apply(parse_on_bus(bus, bytes)?, f)?;
+                let bytes = next
+                    .map(|cfg| serde_json::to_vec(&cfg).map_err(unserializable))
+                    .transpose()?;
+                Ok((bytes, out))
             });
         }
         let lock_path = self.team.config_lock();
         let lock = fsutil::open_lock(&lock_path)?;
         let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
-        let before = self.load()?;
-        let mut cfg = before.clone();
-        let out = f(&mut cfg)?;
-        if cfg != before {
-            let mut bytes = serde_json::to_vec_pretty(&cfg)
-                .map_err(|e| Error::Protocol(format!("failed to serialize config: {e}")))?;
+        let (next, out) = apply(self.load()?, f)?;
+        if let Some(cfg) = next {
+            let mut bytes = serde_json::to_vec_pretty(&cfg).map_err(unserializable)?;
             bytes.push(b'\n');
             fsutil::atomic_write(&self.team.config(), &bytes)?;
         }

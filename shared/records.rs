@@ -169,19 +169,36 @@ impl Records<'_> {
         }
         let lock = fsutil::open_lock(&lock_path)?;
         let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
-        let before: Option<T> = self.read(id)?;
-        match f(before.clone())? {
-            Some(next) if Some(&next) != before.as_ref() => {
-                let mut bytes = serde_json::to_vec_pretty(&next).map_err(|e| {
-                    Error::Protocol(format!("failed to serialize {}: {e}", self.noun))
-                })?;
-                bytes.push(b'\n');
-                fsutil::atomic_write(&path, &bytes)?;
-                Ok(next)
-            }
-            Some(same) => Ok(same),
-            None => before.ok_or_else(|| (self.unknown)(id.to_owned())),
+        let (changed, now) = self.decide(id, self.read(id)?, f)?;
+        if changed {
+            let mut bytes = serde_json::to_vec_pretty(&now).map_err(|e| self.unserializable(e))?;
+            bytes.push(b'\n');
+            fsutil::atomic_write(&path, &bytes)?;
         }
+        Ok(now)
+    }
+
+    /// What `f` makes of record `id`, `before`: whether it changed, and the record as it
+    /// stands after (`f` answering `None` leaves it as it was; an absent record stays unknown).
+    fn decide<T>(
+        &self,
+        id: &str,
+        before: Option<T>,
+        f: impl FnOnce(Option<T>) -> Result<Option<T>>,
+    ) -> Result<(bool, T)>
+    where
+        T: Clone + PartialEq,
+    {
+        match f(before.clone())? {
+            Some(next) => Ok((Some(&next) != before.as_ref(), next)),
+            None => before
+                .map(|b| (false, b))
+                .ok_or_else(|| (self.unknown)(id.to_owned())),
+        }
+    }
+
+    fn unserializable(&self, e: serde_json::Error) -> Error {
+        Error::Protocol(format!("failed to serialize {}: {e}", self.noun))
     }
 
     /// [`Records::locked`] on the bus: the record's lock is a lease on the server and the write
@@ -204,18 +221,11 @@ impl Records<'_> {
         }
         bus.locked_doc(&self.key(id), |bytes| {
             let before: Option<T> = bytes.map(|b| self.parse(id, &b)).transpose()?;
-            match f(before.clone())? {
-                Some(next) if Some(&next) != before.as_ref() => {
-                    let bytes = serde_json::to_vec(&next).map_err(|e| {
-                        Error::Protocol(format!("failed to serialize {}: {e}", self.noun))
-                    })?;
-                    Ok((Some(bytes), next))
-                }
-                Some(same) => Ok((None, same)),
-                None => before
-                    .map(|b| (None, b))
-                    .ok_or_else(|| (self.unknown)(id.to_owned())),
-            }
+            let (changed, now) = self.decide(id, before, f)?;
+            let bytes = changed
+                .then(|| serde_json::to_vec(&now).map_err(|e| self.unserializable(e)))
+                .transpose()?;
+            Ok((bytes, now))
         })
     }
 }

@@ -134,19 +134,17 @@ impl RedisBus {
         })
     }
 
-    /// Reads document `key` under its lock, lets `f` decide its next bytes (`None`: no change)
-    /// and writes them, fenced by the lock (see the module docs).
+    /// Reads document `key` under its lock, lets `f` decide its next bytes (`None`: no change;
+    /// the callers compare what they parsed, so an unchanged document is not written) and
+    /// writes them, fenced by the lock (see the module docs).
     pub(crate) fn locked_doc<R>(
         &self,
         key: &str,
         f: impl FnOnce(Option<Vec<u8>>) -> Result<(Option<Vec<u8>>, R)>,
     ) -> Result<R> {
         let lock = self.lock(key)?;
-        let before = self.get_doc(key)?;
-        let (next, out) = f(before.clone())?;
-        if let Some(bytes) = next
-            && Some(&bytes) != before.as_ref()
-        {
+        let (next, out) = f(self.get_doc(key)?)?;
+        if let Some(bytes) = next {
             let doc = self.key(key);
             let feed = self.key("changes");
             let written: i64 = self.with_conn("write", |c| {
