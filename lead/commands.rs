@@ -223,7 +223,13 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             .map(|r| r.request_id.as_str())
             .collect()
     };
-    let doings: Vec<liveness::Doing> = cfg.members.iter().map(|m| doing(team, m)).collect();
+    // On a bus, the host this command runs on (pids are this machine's only).
+    let here = team.bus().map(|_| troupe::bus::hosts::this_host());
+    let doings: Vec<liveness::Doing> = cfg
+        .members
+        .iter()
+        .map(|m| doing(team, m, here.as_deref()))
+        .collect();
     if a.json {
         let rows: Vec<Value> = cfg
             .members
@@ -394,14 +400,11 @@ fn abs(path: &std::path::Path) -> String {
 }
 
 /// What member `m` is doing: its record, whether its process lives, and when its journal was
-/// last written.
-fn doing(team: &TeamDir, m: &troupe::config::Member) -> liveness::Doing {
+/// last written. `here`: on a bus, this machine's host name.
+fn doing(team: &TeamDir, m: &troupe::config::Member, here: Option<&str>) -> liveness::Doing {
     // A pid is this machine's only: for a member of another host, its supervisor's record is
     // what there is to go by.
-    let elsewhere = team.bus().is_some()
-        && m.host
-            .as_deref()
-            .is_some_and(|h| h != troupe::bus::hosts::this_host());
+    let elsewhere = here.is_some_and(|here| m.host.as_deref().is_some_and(|h| h != here));
     let alive = if elsewhere {
         m.status.wants_process() && m.pid.is_some()
     } else {

@@ -309,8 +309,7 @@ impl Teammate {
                     if self.terminated() {
                         return Ok(Vec::new());
                     }
-                    backoff =
-                        (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    backoff = crate::bus::outage_backoff(backoff);
                     let until = std::time::Instant::now() + backoff;
                     while std::time::Instant::now() < until && !self.terminated() {
                         std::thread::sleep(Duration::from_millis(20));

@@ -199,6 +199,12 @@ impl RedisBus {
     }
 }
 
+/// The next pause of a process waiting for a bus that does not answer (a server restarting, a
+/// network cut), after `last` (zero at the first failure): 100 ms, doubling up to 2 s.
+pub fn outage_backoff(last: Duration) -> Duration {
+    (last * 2).clamp(Duration::from_millis(100), Duration::from_secs(2))
+}
+
 /// Events kept in the team's event stream (approximately: `MAXLEN ~`); the file log is never
 /// trimmed, but a server's memory is not a disk.
 pub const EVENTS_LEN: u64 = 100_000;

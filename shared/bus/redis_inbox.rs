@@ -349,8 +349,7 @@ impl RedisWaiter {
                     if backoff.is_zero() {
                         tracing::warn!(inbox = %self.inbox.name, "{e}; waiting for the bus");
                     }
-                    backoff =
-                        (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                    backoff = super::outage_backoff(backoff);
                     let pause = remaining.map_or(backoff, |r| r.min(backoff));
                     if ready(extra, pause) {
                         return Ok(Wake::External);
