@@ -9,23 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use support::drain::open_journal;
 
 use serde_json::json;
 use support::child::{self, Rng};
 use troupe::inbox::{Durability, Inbox};
 use troupe::message::{Message, MessageType};
 use troupe::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
-use troupe::transcript::{Entry, Journal};
 use troupe::{AgentName, TeamDir};
-
-/// Opens `name`'s journal as its owner. The owner lock is let go at once: the test is the only
-/// process that uses the journal.
-fn open_journal(team: &TeamDir, name: &AgentName) -> (Journal, Vec<Entry>) {
-    let owner = Journal::try_own(team, name)
-        .unwrap()
-        .expect("no other owner");
-    Journal::open(team, name, &owner).unwrap()
-}
 
 fn alice() -> AgentName {
     AgentName::teammate("alice").unwrap()

@@ -15,7 +15,6 @@ use support::child::{self, Rng};
 use support::drain;
 use troupe::inbox::{DEFAULT_CAP, Durability, Inbox, reclaim_at};
 use troupe::message::{Message, MessageType};
-use troupe::transcript::Journal;
 use troupe::{AgentName, TeamDir};
 
 fn alice() -> AgentName {
@@ -24,13 +23,6 @@ fn alice() -> AgentName {
 
 fn team_from(vars: &HashMap<String, String>) -> TeamDir {
     TeamDir::open(PathBuf::from(&vars["TEAM"])).unwrap()
-}
-
-fn open_journal(team: &TeamDir) -> Journal {
-    let owner = Journal::try_own(team, &alice())
-        .unwrap()
-        .expect("no other owner");
-    Journal::open(team, &alice(), &owner).unwrap().0
 }
 
 /// Appends COUNT messages "W:SEQ:" padded to SIZE bytes (or, without COUNT, until the file
@@ -64,13 +56,7 @@ fn killed_drainer(vars: &HashMap<String, String>) {
     let team = team_from(vars);
     let cap: u64 = vars["CAP"].parse().unwrap();
     let inbox = Inbox::new(&team, &alice()).with_cap(cap);
-    let mut journal = open_journal(&team);
-    drain::drain_until_killed(
-        &inbox,
-        &mut journal,
-        drain::point_named(&vars["POINT"]),
-        vars["NTH"].parse().unwrap(),
-    );
+    drain::killed_drainer(&inbox, &team, &alice(), vars);
 }
 
 #[test]
@@ -137,7 +123,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
         acked.len()
     );
     // What is left, drained by a drainer that is not killed.
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     let inbox = Inbox::new(&team, &alice()).with_cap(CAP);
     inbox.drain(&mut journal).unwrap();
     assert!(inbox.is_empty());
@@ -197,7 +183,7 @@ fn a_long_stream_meets_no_false_back_pressure_and_the_file_stays_bounded() {
             c
         })
         .collect();
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     let (mut got, mut biggest, mut most_consumed) = (0u64, 0u64, 0u64);
     let offset_file = team.inbox_offset(&alice());
     loop {

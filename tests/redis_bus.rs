@@ -15,7 +15,6 @@ use support::redis_server::RedisServer;
 use troupe::bus::{PASSWORD_ENV, RedisBus, RedisInbox};
 use troupe::config::{Member, Roster};
 use troupe::message::{Message, MessageType};
-use troupe::transcript::Journal;
 use troupe::wait::Wake;
 use troupe::{AgentName, Error, TeamDir};
 
@@ -25,13 +24,6 @@ fn alice() -> AgentName {
 
 fn msg(text: &str) -> Message {
     Message::new(MessageType::Message, "lead", "alice", text)
-}
-
-fn open_journal(team: &TeamDir) -> Journal {
-    let owner = Journal::try_own(team, &alice())
-        .unwrap()
-        .expect("no other owner");
-    Journal::open(team, &alice(), &owner).unwrap().0
 }
 
 /// In a child: the bus from BUS (password from the environment, as a user gives it).
@@ -65,13 +57,7 @@ fn writer(vars: &HashMap<String, String>) {
 fn killed_drainer(vars: &HashMap<String, String>) {
     let team = team_from(vars).with_bus(Some(bus_from(vars)));
     let inbox = troupe::inbox::Inbox::new(&team, &alice());
-    let mut journal = open_journal(&team);
-    drain::drain_until_killed(
-        &inbox,
-        &mut journal,
-        drain::point_named(&vars["POINT"]),
-        vars["NTH"].parse().unwrap(),
-    );
+    drain::killed_drainer(&inbox, &team, &alice(), vars);
 }
 
 #[test]
@@ -122,7 +108,7 @@ fn a_redis_inbox_delivers_once_and_refuses_at_its_cap() {
     };
     let (_t, team, bus) = setup(&server, "once");
     let inbox = RedisInbox::new(&bus, &team, &alice()).with_cap(1000);
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     assert!(inbox.drain(&mut journal).unwrap().is_empty());
     let (a, b) = (msg("a"), msg("b"));
     for m in [&a, &b, &a] {
@@ -212,7 +198,7 @@ fn a_waiter_wakes_on_an_append_and_times_out() {
     );
     assert!(t0.elapsed() < Duration::from_secs(5));
     sender.join().unwrap();
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     assert_eq!(inbox.drain(&mut journal).unwrap().len(), 1);
 }
 
@@ -270,7 +256,7 @@ fn a_drainer_killed_at_every_crash_point_loses_and_repeats_nothing() {
     }
     assert!(acked.len() > 300, "the writers barely ran: {}", acked.len());
     let inbox = RedisInbox::new(&bus, &team, &alice());
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     inbox.drain(&mut journal).unwrap();
     assert!(inbox.is_empty().unwrap());
     assert_eq!(inbox.len().unwrap(), 0, "the byte count drifted");
@@ -355,7 +341,7 @@ fn the_cli_puts_inboxes_on_the_bus() {
             .collect::<Vec<_>>()
     };
     assert_eq!(texts(inbox.peek().unwrap()), ["hello", "again"]);
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     assert_eq!(
         texts(inbox.drain(&mut journal).unwrap()),
         ["hello", "again"]
@@ -429,7 +415,7 @@ fn acknowledged_messages_survive_a_server_kill() {
     };
     let (_t, team, bus) = setup(&server, "restart");
     let inbox = RedisInbox::new(&bus, &team, &alice());
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     let sent: Vec<Message> = (0..50).map(|i| msg(&format!("m{i}"))).collect();
     for m in &sent[..30] {
         inbox.append(m).unwrap();
@@ -471,7 +457,7 @@ fn a_waiter_rides_out_a_server_restart() {
     let (wake, took) = waiting.join().unwrap();
     assert_eq!(wake, Wake::Message);
     assert!(took < Duration::from_secs(10), "{took:?}");
-    let mut journal = open_journal(&team);
+    let mut journal = drain::open_journal(&team, &alice()).0;
     assert_eq!(inbox.drain(&mut journal).unwrap().len(), 1);
 }
 

@@ -24,6 +24,32 @@ pub fn point_named(s: &str) -> DrainPoint {
     }
 }
 
+/// Opens `name`'s journal as its owner. The owner lock is let go at once: the test (or the
+/// child) is the only process that uses the journal.
+pub fn open_journal(team: &TeamDir, name: &AgentName) -> (Journal, Vec<Entry>) {
+    let owner = Journal::try_own(team, name)
+        .unwrap()
+        .expect("no other owner");
+    Journal::open(team, name, &owner).unwrap()
+}
+
+/// In a child: drains `inbox`, `name`'s in `team`, until the NTH time (of `vars`) it reaches
+/// POINT, and dies there (see [`drain_until_killed`]).
+pub fn killed_drainer(
+    inbox: &Inbox,
+    team: &TeamDir,
+    name: &AgentName,
+    vars: &HashMap<String, String>,
+) {
+    let (mut journal, _) = open_journal(team, name);
+    drain_until_killed(
+        inbox,
+        &mut journal,
+        point_named(&vars["POINT"]),
+        vars["NTH"].parse().unwrap(),
+    );
+}
+
 /// Drains `inbox` into `journal` as a worker does (when its waiter says something is there)
 /// until the `nth` time the drain reaches `point`, and dies there by SIGKILL; gives up after
 /// two seconds.
