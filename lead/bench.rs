@@ -377,7 +377,7 @@ fn bash_round_trip(scratch: &Path) -> anyhow::Result<Value> {
     let team = work.join(".team");
     fsutil::create_dir(&team)?;
     let t0 = Instant::now();
-    let on = Sandbox::prepare(&Settings::default(), &work, &team, "bench");
+    let on = Sandbox::prepare(&Settings::default(), &work, &team, "bench", None);
     let prepare = t0.elapsed();
     let off = Sandbox::off();
     let wd = troupe::tools::fs::Workdir::new(&work)?;

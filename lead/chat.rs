@@ -36,7 +36,7 @@ pub struct ChatArgs {
     pub prompt: Option<String>,
     /// Working directory of the lead's file tools and of a supervisor chat starts
     /// (default: the current directory).
-    #[arg(long)]
+    #[arg(long, value_parser = troupe::fsutil::absolute_arg)]
     pub workdir: Option<PathBuf>,
     /// Model of the lead (overrides MODEL_ID).
     #[arg(long)]
@@ -140,7 +140,13 @@ fn settings(
         context_tokens: a.context_tokens,
         max_tokens: a.max_tokens,
         bash_timeout: Duration::from_secs(120),
-        sandbox: Arc::new(Sandbox::prepare(&a.sandbox, workdir, team.root(), "lead")),
+        sandbox: Arc::new(Sandbox::prepare(
+            &a.sandbox,
+            workdir,
+            team.root(),
+            "lead",
+            None,
+        )),
     }
 }
 

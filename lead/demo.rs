@@ -178,7 +178,13 @@ pub fn run(a: DemoArgs) -> anyhow::Result<u8> {
         context_tokens: None,
         max_tokens: 4096,
         bash_timeout: Duration::from_secs(120),
-        sandbox: Arc::new(Sandbox::prepare(&a.sandbox, &workdir, team.root(), "lead")),
+        sandbox: Arc::new(Sandbox::prepare(
+            &a.sandbox,
+            &workdir,
+            team.root(),
+            "lead",
+            None,
+        )),
         prices: Arc::new(troupe::cost::PriceTable::load(None)?),
     };
     let mut lead = Lead::open(settings, provider, signals.term.clone())?;

@@ -34,7 +34,7 @@ use clap::{Parser, Subcommand};
 struct Cli {
     /// Team directory (env TROUPE_TEAM_DIR; default: the nearest `.team` holding a team in
     /// this directory or a parent, else ./.team).
-    #[arg(long, global = true, env = "TROUPE_TEAM_DIR")]
+    #[arg(long, global = true, env = "TROUPE_TEAM_DIR", value_parser = troupe::fsutil::absolute_arg)]
     team_dir: Option<PathBuf>,
     /// Keep the team's shared state (inboxes, roster, requests, tasks, events) on this Redis
     /// bus, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]`, so that hosts can share a team (env
@@ -95,6 +95,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     troupe::llm::protect_keys();
+    // SAFETY: no other thread exists yet.
+    unsafe { troupe::fsutil::absolute_path_vars() };
     let argv0 = std::env::args_os().next().map(PathBuf::from);
     if argv0.as_deref().and_then(Path::file_name) == Some("worker".as_ref()) {
         return worker::main();

@@ -25,6 +25,51 @@ pub fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The environment variables that name a file or directory. They are made absolute as each
+/// process starts ([`absolute_path_vars`]): a worker or a hook starts in another directory (its
+/// worktree, `--workdir`) than the person who set them.
+pub const PATH_VARS: [&str; 8] = [
+    "TROUPE_TEAM_DIR",
+    "ANTHROPIC_API_KEY_FILE",
+    "OPENAI_API_KEY_FILE",
+    "TROUPE_CASSETTE",
+    "TROUPE_RECORD",
+    "TROUPE_BUS_PASSWORD_FILE",
+    "TROUPE_PRICES",
+    "CREDENTIALS_DIRECTORY",
+];
+
+/// Rewrites each of [`PATH_VARS`] that is set to a relative path as the absolute path it names
+/// from the current directory, so that every process started from here reads the same file.
+///
+/// # Safety
+///
+/// Changes the environment: call it before any other thread exists.
+pub unsafe fn absolute_path_vars() {
+    for var in PATH_VARS {
+        let Some(v) = std::env::var_os(var) else {
+            continue;
+        };
+        if v.is_empty() || Path::new(&v).is_absolute() {
+            continue;
+        }
+        if let Ok(abs) = std::path::absolute(&v) {
+            // SAFETY: the caller promises no other thread exists.
+            unsafe { std::env::set_var(var, abs) };
+        }
+    }
+}
+
+/// A clap value parser for a path argument: the path made absolute against the current
+/// directory, where the argument is read (a relative `--workdir` or `--sandbox-read` handed on
+/// to a worker in another directory would name another place).
+pub fn absolute_arg(s: &str) -> std::result::Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("an empty path".to_owned());
+    }
+    std::path::absolute(s).map_err(|e| format!("{s}: {e}"))
+}
+
 /// Creates `dir` (and parents) with mode 0700 if it does not exist.
 pub fn create_dir(dir: &Path) -> Result<()> {
     fs::DirBuilder::new()

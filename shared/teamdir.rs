@@ -186,8 +186,11 @@ impl TeamDir {
         Ok(dir)
     }
 
+    /// The team dir at `root`, made absolute against the current directory once, here: every
+    /// path derived from it is handed to workers and hooks that start in other directories.
     fn at(root: impl Into<PathBuf>) -> Result<TeamDir> {
         let root = root.into();
+        let root = std::path::absolute(&root).map_err(Error::io("resolve", &root))?;
         match std::fs::metadata(&root) {
             Ok(m) if !m.is_dir() => return Err(Error::NotADirectory(root)),
             _ => {}

@@ -7,10 +7,15 @@
 //! main tree. It is kept across restarts: [`ensure`] reuses the dir when it is there and adds it
 //! again on the existing branch when it was removed.
 //!
-//! [`GitDirs::of_linked`] tells the sandbox what git needs to commit in a linked worktree: the
-//! common git dir to read; its `objects`, `refs` and `logs` and the worktree's own admin dir
-//! (`<common>/worktrees/<id>`) to write. Nothing else of the git dir is opened, so its `config`
-//! and `hooks` stay read-only to the teammate.
+//! [`GitDirs::for_member`] tells the sandbox what of git a member's commands may touch, from
+//! what the lead recorded (the repository it found, the worktree it made) and never from a file
+//! inside a tree the commands can write (`.git`, `commondir`): the common git dir to read; its
+//! `objects` and the member's own branch dir and its admin dir (`<common>/worktrees/<id>`) to
+//! write; and what must stay read-only inside a writable tree (the main tree's `.git`, a
+//! worktree's `.git` file, the admin dir's `commondir`, `gitdir` and `config.worktree`).
+//!
+//! Every git troupe runs here names the git dir and work tree it recorded and turns off what
+//! would run a program the repository's files name (`core.fsmonitor`, hooks).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -28,6 +33,11 @@ pub struct Worktree {
     pub branch: String,
     /// The top of the main tree of the repository it belongs to.
     pub repo: PathBuf,
+    /// Its admin dir in the repository's git dir (`<repo>/.git/worktrees/<id>`), found when the
+    /// lead made or first reused it: never read again from the worktree's `.git` file, which
+    /// the member's commands could rewrite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<PathBuf>,
 }
 
 /// The branch of member `name`'s worktree.
@@ -35,11 +45,22 @@ pub fn branch_of(name: &str) -> String {
     format!("troupe/{name}")
 }
 
+/// What every git troupe runs is given first: no program named by the repository's config
+/// runs (a member may have written that config before it was read-only to it, or a file git
+/// consults), and no hook.
+const SAFE: [&str; 4] = [
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+];
+
 /// Runs `git -C dir ARGS` with no inherited repository overrides.
 fn git(dir: &Path, args: &[&str]) -> Result<Output> {
     Command::new("git")
         .arg("-C")
         .arg(dir)
+        .args(SAFE)
         .args(args)
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")
@@ -130,18 +151,50 @@ pub fn ensure(team_dir: &Path, name: &str, known: Option<&Worktree>) -> Result<W
     };
     let path = known.map_or_else(|| path_for(&repo, name), |w| w.path.clone());
     let branch = known.map_or_else(|| branch_of(name), |w| w.branch.clone());
-    let wt = Worktree { path, branch, repo };
+    let admin = known.and_then(|w| w.admin.clone());
+    let mut wt = Worktree {
+        path,
+        branch,
+        repo,
+        admin,
+    };
     add(&wt)?;
+    if wt.admin.is_none() {
+        wt.admin = admin_of(&wt.repo, &wt.path);
+    }
+    // The dirs a commit writes the branch and its reflog in (gone once refs are packed), made
+    // here so the sandbox can grant them.
+    for root in ["refs/heads", "logs/refs/heads"] {
+        if let Some(dir) = wt.repo.join(".git").join(root).join(&wt.branch).parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+    }
     Ok(wt)
+}
+
+/// The admin dir of the worktree at `path` in the repository whose main tree is `repo`: the
+/// one of `<repo>/.git/worktrees/*` whose `gitdir` names `path/.git`. Read from the common git
+/// dir, never from the worktree's own `.git` file.
+fn admin_of(repo: &Path, path: &Path) -> Option<PathBuf> {
+    let want = path.join(".git");
+    let want = want.canonicalize().unwrap_or(want);
+    let dirs = std::fs::read_dir(repo.join(".git/worktrees")).ok()?;
+    dirs.flatten().map(|e| e.path()).find(|admin| {
+        std::fs::read_to_string(admin.join("gitdir")).is_ok_and(|g| {
+            let g = PathBuf::from(g.trim_end_matches(['\n', '\r']));
+            g.canonicalize().unwrap_or(g) == want
+        })
+    })
 }
 
 /// Adds `wt` to its repository unless it is there.
 fn add(wt: &Worktree) -> Result<()> {
-    let Worktree { path, branch, repo } = wt;
+    let Worktree {
+        path, branch, repo, ..
+    } = wt;
     if path.exists() {
-        let top = git(path, &["rev-parse", "--show-toplevel"])?;
-        let top = PathBuf::from(String::from_utf8_lossy(&top.stdout).trim());
-        if top.canonicalize().ok() == path.canonicalize().ok() {
+        // Not asked of git there: its `.git` file and config are the member's to write.
+        if path.join(".git").is_file() {
             return Ok(());
         }
         return Err(Error::Git {
@@ -196,15 +249,34 @@ fn add(wt: &Worktree) -> Result<()> {
 }
 
 /// Whether the worktree has uncommitted changes (`git status --porcelain` says anything);
-/// `None` when it cannot be read (its dir is gone).
+/// `None` when it cannot be read (its dir is gone, or its admin dir is not known).
+///
+/// git runs with the git dir, common dir and work tree troupe recorded, whatever the
+/// worktree's `.git` file or the admin dir's `commondir` say now, and with [`SAFE`].
 pub fn is_dirty(wt: &Worktree) -> Option<bool> {
-    if !wt.path.is_dir() {
+    let admin = wt.admin.as_ref()?;
+    if !wt.path.is_dir() || !admin.is_dir() {
         return None;
     }
-    // Without the index refresh's lock, which would make the teammate's own `git add` fail.
-    git_ok(&wt.path, &["--no-optional-locks", "status", "--porcelain"])
-        .ok()
-        .map(|s| !s.trim().is_empty())
+    let o = Command::new("git")
+        .arg("--git-dir")
+        .arg(admin)
+        .arg("--work-tree")
+        .arg(&wt.path)
+        .args(SAFE)
+        // Without the index refresh's lock, which would make the teammate's own `git add` fail.
+        .args(["--no-optional-locks", "status", "--porcelain"])
+        .current_dir(&wt.repo)
+        .env("GIT_COMMON_DIR", wt.repo.join(".git"))
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_CONFIG_PARAMETERS")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| !String::from_utf8_lossy(&o.stdout).trim().is_empty())
 }
 
 /// Removes the worktree (`force`: with its uncommitted changes); the branch stays. A dir
@@ -231,8 +303,10 @@ pub fn remove(wt: &Worktree, force: bool) -> Result<()> {
 /// `GIT_COMMITTER_*`.
 pub fn git_env(wt: &Worktree, name: &str) -> Vec<(String, String)> {
     let mut env = vec![("GIT_CONFIG_GLOBAL".to_owned(), "/dev/null".to_owned())];
+    // Asked of the recorded repository, not of the worktree (whose `.git` file is the
+    // member's to write).
     let has = |key: &str| {
-        git_ok(&wt.path, &["config", "--local", "--get", key]).is_ok_and(|v| !v.is_empty())
+        git_ok(&wt.repo, &["config", "--local", "--get", key]).is_ok_and(|v| !v.is_empty())
     };
     if has("user.name") && has("user.email") {
         return env;
@@ -245,33 +319,75 @@ pub fn git_env(wt: &Worktree, name: &str) -> Vec<(String, String)> {
     env
 }
 
-/// What git needs of a linked worktree's git dirs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What of git a member's commands may touch, from what troupe recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GitDirs {
-    /// The repository's common git dir (`<main tree>/.git`): read only.
-    pub common: PathBuf,
-    /// Written: the common dir's `objects`, `refs` and `logs` (those that exist) and the
-    /// worktree's admin dir `<common>/worktrees/<id>`.
+    /// A worktree's common git dir (`<repo>/.git`): read only.
+    pub common: Option<PathBuf>,
+    /// Written: the common dir's `objects`, the member's branch dirs under `refs/heads` and
+    /// `logs/refs/heads`, and the worktree's admin dir.
     pub writable: Vec<PathBuf>,
+    /// Read-only although inside a writable tree: the working dir's `.git` (a main tree's git
+    /// dir, or a worktree's `.git` file), and the admin dir's `commondir`, `gitdir` and
+    /// `config.worktree`.
+    pub read_only: Vec<PathBuf>,
 }
 
 impl GitDirs {
-    /// The git dirs of `workdir` when it is the top of a linked worktree (its `.git` is a file
-    /// naming an admin dir with a `commondir`); `None` otherwise, and for a main tree, whose
-    /// `.git` lies inside the working dir anyway.
-    pub fn of_linked(workdir: &Path) -> Option<GitDirs> {
-        let dot_git = std::fs::read_to_string(workdir.join(".git")).ok()?;
-        let admin = dot_git.lines().find_map(|l| l.strip_prefix("gitdir: "))?;
-        let admin = workdir.join(admin.trim()).canonicalize().ok()?;
-        let common = std::fs::read_to_string(admin.join("commondir")).ok()?;
-        let common = admin.join(common.trim()).canonicalize().ok()?;
-        let mut writable: Vec<PathBuf> = ["objects", "refs", "logs"]
-            .iter()
-            .map(|d| common.join(d))
-            .filter(|d| d.is_dir())
-            .collect();
-        writable.push(admin);
-        Some(GitDirs { common, writable })
+    /// The git dirs of a member working in `workdir`, with `worktree` as its roster entry
+    /// records it (the roster lives in the team dir, which commands cannot reach). Nothing is
+    /// read from `workdir`: its `.git` is only looked at to be kept read-only.
+    pub fn for_member(workdir: &Path, worktree: Option<&Worktree>) -> GitDirs {
+        let mut dirs = GitDirs::default();
+        let dot_git = workdir.join(".git");
+        // A symlink is the member's own making (a `.git` git would follow anywhere): left alone.
+        if std::fs::symlink_metadata(&dot_git).is_ok_and(|m| !m.file_type().is_symlink()) {
+            dirs.read_only.push(dot_git);
+        }
+        let Some(wt) = worktree else {
+            return dirs;
+        };
+        let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
+        if !same(&wt.path, workdir) {
+            return dirs;
+        }
+        let Ok(common) = wt.repo.join(".git").canonicalize() else {
+            return dirs;
+        };
+        let canon = workdir
+            .canonicalize()
+            .unwrap_or_else(|_| workdir.to_path_buf());
+        // A repository inside the working dir would be the member's to shape: none of it is
+        // granted.
+        if !common.is_dir() || common.starts_with(&canon) {
+            return dirs;
+        }
+        let branch = |root: &str| common.join(root).join(&wt.branch);
+        let mut writable = vec![common.join("objects")];
+        // The branch's own dir: `troupe/NAME` lives in `refs/heads/troupe`, so that dir (the
+        // finest a commit can be granted: git replaces a ref by renaming a lock file beside it).
+        for root in ["refs/heads", "logs/refs/heads"] {
+            if let Some(parent) = branch(root).parent() {
+                writable.push(parent.to_path_buf());
+            }
+        }
+        writable.retain(|d| d.is_dir());
+        if let Some(admin) = wt
+            .admin
+            .as_ref()
+            .and_then(|a| a.canonicalize().ok())
+            .filter(|a| a.parent() == Some(common.join("worktrees").as_path()))
+        {
+            for f in ["commondir", "gitdir", "config.worktree"] {
+                if admin.join(f).is_file() {
+                    dirs.read_only.push(admin.join(f));
+                }
+            }
+            writable.push(admin);
+        }
+        dirs.common = Some(common);
+        dirs.writable = writable;
+        dirs
     }
 }
 
@@ -289,9 +405,43 @@ mod tests {
     }
 
     #[test]
-    fn a_main_tree_is_not_a_linked_worktree() {
+    fn a_main_tree_gets_its_git_dir_read_only_and_nothing_more() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join(".git")).unwrap();
-        assert_eq!(GitDirs::of_linked(tmp.path()), None);
+        assert_eq!(
+            GitDirs::for_member(tmp.path(), None),
+            GitDirs {
+                read_only: vec![tmp.path().join(".git")],
+                ..GitDirs::default()
+            }
+        );
+    }
+
+    #[test]
+    fn grants_never_come_from_the_working_dir() {
+        // A planted `.git` file naming `/` grants nothing: the roster records no worktree.
+        let tmp = tempfile::tempdir().unwrap();
+        let fake = tmp.path().join("fake");
+        std::fs::create_dir(&fake).unwrap();
+        std::fs::write(fake.join("commondir"), " /\n").unwrap();
+        std::fs::write(
+            tmp.path().join(".git"),
+            format!("gitdir: {}\n", fake.display()),
+        )
+        .unwrap();
+        let g = GitDirs::for_member(tmp.path(), None);
+        assert_eq!(g.common, None);
+        assert!(g.writable.is_empty());
+        // A record whose repository lies inside the working dir grants nothing either.
+        std::fs::create_dir_all(tmp.path().join("r/.git/objects")).unwrap();
+        let wt = Worktree {
+            path: tmp.path().to_path_buf(),
+            branch: "troupe/a".to_owned(),
+            repo: tmp.path().join("r"),
+            admin: None,
+        };
+        let g = GitDirs::for_member(tmp.path(), Some(&wt));
+        assert_eq!(g.common, None);
+        assert!(g.writable.is_empty());
     }
 }

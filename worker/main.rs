@@ -32,13 +32,13 @@ use troupe::{AgentName, TeamDir};
 )]
 struct Args {
     /// Team directory.
-    #[arg(long, env = "TROUPE_TEAM_DIR", default_value = ".team")]
+    #[arg(long, env = "TROUPE_TEAM_DIR", default_value = ".team", value_parser = troupe::fsutil::absolute_arg)]
     team_dir: PathBuf,
     /// The teammate's name (must be in config.json).
     #[arg(long)]
     name: String,
     /// Working directory the tools are confined to (default: the current directory).
-    #[arg(long)]
+    #[arg(long, value_parser = troupe::fsutil::absolute_arg)]
     workdir: Option<PathBuf>,
     /// Model calls allowed per activation.
     #[arg(long, env = "TROUPE_MAX_CALLS", default_value_t = 50)]
@@ -82,6 +82,8 @@ const EXIT_TERM: u8 = 143;
 /// The worker's entry point; also the lead's built-in worker (`lead` started as `worker`).
 pub(crate) fn main() -> ExitCode {
     troupe::llm::protect_keys();
+    // SAFETY: no other thread exists yet.
+    unsafe { troupe::fsutil::absolute_path_vars() };
     // Before clap, which would insist on --name: `lead run` asks this of any worker it finds.
     if std::env::args_os().skip(1).any(|a| a == "--build-id") {
         println!("{}", troupe::BUILD_ID);
@@ -172,11 +174,18 @@ fn run(a: Args) -> anyhow::Result<u8> {
         Some(w) => w,
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
+    // What git may write comes from the roster's record of the member's worktree (the team
+    // dir is out of its commands' reach), never from the working dir's `.git`.
+    let worktree = troupe::config::Roster::new(&team)
+        .load_patiently(&|| signals.term.load(Ordering::SeqCst))
+        .ok()
+        .and_then(|c| c.member(name.as_str()).and_then(|m| m.worktree.clone()));
     let sandbox = std::sync::Arc::new(troupe::sandbox::Sandbox::prepare(
         &a.sandbox,
         &workdir,
         team.root(),
         name.as_str(),
+        worktree.as_ref(),
     ));
     let settings = Settings {
         team,

@@ -67,7 +67,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 5)]
     kill_grace: u64,
     /// Working directory of the teammates (default: the current directory).
-    #[arg(long)]
+    #[arg(long, value_parser = troupe::fsutil::absolute_arg)]
     workdir: Option<PathBuf>,
     /// Restarts allowed within --restart-window seconds before a member is marked failed.
     #[arg(long, default_value_t = 5)]

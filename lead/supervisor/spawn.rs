@@ -161,7 +161,7 @@ impl Supervisor {
     /// worktree (made again if its dir is gone) with the git settings of [`troupe::worktree::git_env`], or the
     /// team's working dir and nothing.
     fn worktree_of(
-        &self,
+        &mut self,
         name: &str,
     ) -> Result<(std::path::PathBuf, Vec<(String, String)>), String> {
         let Some(known) = self.view.member(name).and_then(|m| m.worktree.clone()) else {
@@ -169,6 +169,13 @@ impl Supervisor {
         };
         let w = troupe::worktree::ensure(self.team.root(), name, Some(&known))
             .map_err(|e| format!("its worktree could not be set up: {e}"))?;
+        if w != known {
+            // Its admin dir, found now for a record made before troupe kept it.
+            let found = w.clone();
+            self.writer.member(name, None, move |m| {
+                m.worktree = Some(found.clone());
+            });
+        }
         let env = troupe::worktree::git_env(&w, name);
         Ok((w.path, env))
     }

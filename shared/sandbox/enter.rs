@@ -169,6 +169,9 @@ pub(crate) fn mount_all(plan: &Plan) -> Result<(), ()> {
             bind_back(*fd, k)?;
             libc::close(*fd);
         }
+        for p in &plan.protect {
+            protect(p)?;
+        }
         for m in &plan.late_mounts {
             mount_one(m)?;
         }
@@ -252,6 +255,41 @@ unsafe fn bind_back(fd: RawFd, k: &Keep) -> Result<(), ()> {
             ) != 0
         {
             return fail(b"making a kept path read-only");
+        }
+    }
+    Ok(())
+}
+
+/// Binds `p` onto itself and remounts that read-only. A path gone since the worker started is
+/// skipped (nothing of it is left to protect).
+///
+/// # Safety
+/// Only in the sandbox's children.
+unsafe fn protect(p: &super::plan::Protect) -> Result<(), ()> {
+    // SAFETY: mount on NUL-terminated strings built before the fork.
+    unsafe {
+        if libc::mount(
+            p.path.as_ptr(),
+            p.path.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        ) != 0
+        {
+            if Errno::last() == Errno::ENOENT {
+                return Ok(());
+            }
+            return fail(b"binding a protected path");
+        }
+        if libc::mount(
+            std::ptr::null(),
+            p.path.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | p.flags,
+            std::ptr::null(),
+        ) != 0
+        {
+            return fail(b"making a protected path read-only");
         }
     }
     Ok(())

@@ -97,10 +97,10 @@ pub struct Settings {
     )]
     pub mode: Mode,
     /// A directory commands may also read (repeatable).
-    #[arg(long = "sandbox-read", value_name = "DIR")]
+    #[arg(long = "sandbox-read", value_name = "DIR", value_parser = crate::fsutil::absolute_arg)]
     pub read: Vec<PathBuf>,
     /// A directory commands may also write, such as a cache like ~/.cargo (repeatable).
-    #[arg(long = "sandbox-write", value_name = "DIR")]
+    #[arg(long = "sandbox-write", value_name = "DIR", value_parser = crate::fsutil::absolute_arg)]
     pub write: Vec<PathBuf>,
     /// When troupe runs as root: the unprivileged user commands run as (name or uid; default
     /// nobody, or root of their own user namespace, without capabilities, when that user
@@ -246,12 +246,22 @@ impl Sandbox {
     /// through it) and keeps the strongest that works. Never fails: what cannot be set up is in
     /// [`Sandbox::status`], said once in the log, and with [`Mode::Required`] commands are then
     /// refused.
-    pub fn prepare(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -> Sandbox {
+    ///
+    /// `worktree` is the member's worktree as the roster records it: what git may write is
+    /// derived from it, never from a file in the working dir.
+    pub fn prepare(
+        settings: &Settings,
+        workdir: &Path,
+        team_dir: &Path,
+        name: &str,
+        worktree: Option<&crate::worktree::Worktree>,
+    ) -> Sandbox {
         if settings.mode == Mode::Off {
             tracing::info!("sandbox off: bash commands run unsandboxed, as this process's user");
             return Sandbox::off();
         }
-        let sb = probe_all(settings, workdir, team_dir, name);
+        let git = crate::worktree::GitDirs::for_member(workdir, worktree);
+        let sb = probe_all(settings, workdir, team_dir, name, &git);
         let st = &sb.status;
         if let Some(r) = &st.refused {
             tracing::error!("sandbox required but unavailable ({r}): bash will not run commands");
@@ -512,7 +522,13 @@ fn describe_user(run_as: RunAs, ns: Namespaces, name: Option<&str>) -> String {
 }
 
 /// Tries the strongest sandbox first and keeps the first that works.
-fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -> Sandbox {
+fn probe_all(
+    settings: &Settings,
+    workdir: &Path,
+    team_dir: &Path,
+    name: &str,
+    git: &crate::worktree::GitDirs,
+) -> Sandbox {
     let mut missing = Vec::new();
     let abi = kernel_landlock_abi();
     match abi {
@@ -573,11 +589,18 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
         dirs.iter().filter_map(|d| d.canonicalize().ok()).collect()
     };
     let (reads, writes) = (extra(&settings.read), extra(&settings.write));
-    // A linked git worktree (`lead spawn --worktree`): what git needs to commit there.
-    let git = crate::worktree::GitDirs::of_linked(&workdir);
     let resolv = std::fs::canonicalize("/etc/resolv.conf")
         .ok()
         .filter(|p| !p.starts_with("/etc"));
+    let protect: Vec<(PathBuf, libc::c_ulong)> = git
+        .read_only
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .map(|p| {
+            let flags = locked_mount_flags(&p);
+            (p, flags)
+        })
+        .collect();
     let key_files: Vec<PathBuf> = crate::llm::key_files()
         .into_iter()
         .filter_map(|k| k.canonicalize().ok())
@@ -599,10 +622,7 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 && i + 1 < users.len()
                 && let Some((uid, gid)) = owner
                 && !(may_work_in(&workdir, uid, gid)
-                    && git
-                        .iter()
-                        .flat_map(|g| &g.writable)
-                        .all(|d| may_work_in(d, uid, gid)))
+                    && git.writable.iter().all(|d| may_work_in(d, uid, gid)))
             {
                 user_note = Some(format!(
                     "{}: cannot enter or write the working dir (its modes); commands run as \
@@ -643,21 +663,21 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 {
                     rules.push((t, all));
                 }
-                // The git dir is read; of it only what a commit changes is written (its
-                // config and hooks are not).
-                if let Some(g) = &git {
-                    rules.push((g.common.clone(), read));
-                    for d in &g.writable {
-                        rules.push((d.clone(), all));
-                    }
+                // A worktree's git dir is read; of it only what a commit changes is written
+                // (its config and hooks are not).
+                if let Some(c) = &git.common {
+                    rules.push((c.clone(), read));
+                }
+                for d in &git.writable {
+                    rules.push((d.clone(), all));
                 }
             }
             let mut visible: Vec<(PathBuf, bool)> = vec![(workdir.clone(), true)];
             // The git dir read-only, what a commit writes bound back writable on top.
-            if let Some(g) = &git {
-                visible.push((g.common.clone(), true));
-                visible.extend(g.writable.iter().map(|d| (d.clone(), true)));
+            if let Some(c) = &git.common {
+                visible.push((c.clone(), true));
             }
+            visible.extend(git.writable.iter().map(|d| (d.clone(), true)));
             visible.extend(reads.iter().chain(&writes).map(|d| (d.clone(), true)));
             if let Some(r) = &resolv {
                 visible.push((r.clone(), false));
@@ -671,11 +691,12 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                 key_files: key_files.clone(),
                 visible,
                 read_only: git
+                    .common
                     .iter()
-                    .map(|g| &g.common)
                     .chain(&reads)
                     .map(|d| (d.clone(), locked_mount_flags(d)))
                     .collect(),
+                protect: protect.clone(),
                 has_run: Path::new("/run").is_dir(),
                 has_tmp: Path::new("/tmp").is_dir(),
                 has_shm: Path::new("/dev/shm").is_dir(),
@@ -717,6 +738,13 @@ fn probe_all(settings: &Settings, workdir: &Path, team_dir: &Path, name: &str) -
                         missing.push(
                             "own /proc: other processes' environments are readable".to_owned(),
                         );
+                        if !protect.is_empty() {
+                            missing.push(
+                                "the working dir's .git stays writable (read-only binds need a \
+                                 mount namespace)"
+                                    .to_owned(),
+                            );
+                        }
                         if !team_dir_hidden {
                             missing.push(format!(
                                 "the team dir {} lies inside a tree commands may write",

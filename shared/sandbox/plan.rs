@@ -59,6 +59,14 @@ pub(crate) struct Keep {
     pub read_only: Option<libc::c_ulong>,
 }
 
+/// A path inside a writable tree that is bound onto itself and remounted read-only.
+#[derive(Debug)]
+pub(crate) struct Protect {
+    pub path: CString,
+    /// The flags of its mount a remount in a user namespace must keep (see [`Keep::read_only`]).
+    pub flags: libc::c_ulong,
+}
+
 /// A Landlock rule for a tree mounted inside the sandbox.
 #[derive(Debug)]
 pub(crate) struct Rule {
@@ -83,6 +91,9 @@ pub(crate) struct Plan {
     pub keep: Vec<Keep>,
     /// Trees replaced: `/tmp` by the private temp dir, `/run` and `/dev/shm` by empty tmpfs.
     pub cover_mounts: Vec<Mount>,
+    /// Made read-only where they are, after the kept paths are back: the working dir's `.git`
+    /// and the like (see [`Facts::protect`]).
+    pub protect: Vec<Protect>,
     /// Mounted last: the team dir and key files covered.
     pub late_mounts: Vec<Mount>,
     /// The user the command becomes (uid, gid), if not the keeper's own.
@@ -125,6 +136,11 @@ pub(crate) struct Facts {
     /// [`Keep::read_only`]); paths below them listed later in `visible` are bound back
     /// writable on top.
     pub read_only: Vec<(PathBuf, libc::c_ulong)>,
+    /// Files and dirs inside writable trees that commands may not change, with the flags of
+    /// their mounts: the working dir's `.git`, a worktree's `.git` file and the admin dir's
+    /// `commondir`, `gitdir` and `config.worktree` (Landlock cannot take a right back below a
+    /// granted dir; a read-only bind mount can).
+    pub protect: Vec<(PathBuf, libc::c_ulong)>,
     /// Which of `/run`, `/tmp` and `/dev/shm` exist.
     pub has_run: bool,
     pub has_tmp: bool,
@@ -187,6 +203,7 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
         early_mounts: Vec::new(),
         keep: Vec::new(),
         cover_mounts: Vec::new(),
+        protect: Vec::new(),
         late_mounts: Vec::new(),
         switch_to,
         clear_groups_in_child: clear_in_child,
@@ -286,6 +303,12 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
     // `--sandbox-read` dir, a git dir's `objects`) is bound back writable on top of it.
     plan.keep
         .sort_by_key(|k| k.path.as_bytes().iter().filter(|b| **b == b'/').count());
+    for (path, flags) in &f.protect {
+        plan.protect.push(Protect {
+            path: cstr(path)?,
+            flags: *flags,
+        });
+    }
     plan.late_mounts.push(Mount {
         step: "covering the team dir",
         source: Some(lit("tmpfs")),
@@ -327,6 +350,7 @@ mod tests {
                 ("/home/me/.cargo".into(), true),
             ],
             read_only: Vec::new(),
+            protect: vec![("/tmp/demo/work/.git".into(), libc::MS_NOSUID)],
             has_run: true,
             has_tmp: true,
             has_shm: true,

@@ -22,7 +22,7 @@ fn setup(settings: Settings) -> Setup {
     let team = work.join(".team");
     std::fs::create_dir_all(team.join("requests")).unwrap();
     std::fs::write(team.join("config.json"), "{\"members\":[]}").unwrap();
-    let sb = Sandbox::prepare(&settings, &work, &team, "alice");
+    let sb = Sandbox::prepare(&settings, &work, &team, "alice", None);
     Setup {
         _t: t,
         work,
@@ -133,7 +133,7 @@ fn as_root_commands_run_as_nobody_where_nobody_can_work() {
     let team = work.join(".team");
     std::fs::create_dir_all(&team).unwrap();
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let sb = Sandbox::prepare(&Settings::default(), &work, &team, "bob");
+    let sb = Sandbox::prepare(&Settings::default(), &work, &team, "bob", None);
     let st = sb.status();
     if must_be_active() {
         assert!(st.active, "{st:?}");
