@@ -4,6 +4,13 @@
 //! - N8 and m5: a relative team dir (the default `.team`), key file and `--sandbox-read` dir
 //!   reach workers that start in another directory (a worktree, `--workdir`) as the places
 //!   the person named, from the repository root and from a sub-directory.
+//! - N1: what a command plants in `.git` or `commondir` (a member with or without a worktree)
+//!   grants nothing after the worker starts again: a file outside every granted tree stays
+//!   unreadable.
+//! - N2: a worktree member's planted git dir and `core.fsmonitor` do not run when a person runs
+//!   `lead status`.
+//! - N3: the main working dir's `.git` (hooks, config, info, the dir itself) cannot be changed
+//!   by `bash`, so the person's next `git commit` runs nothing of the model's.
 
 mod support;
 
@@ -258,4 +265,271 @@ fn default_layout_from_the_repository_root() {
 #[test]
 fn default_layout_from_a_sub_directory() {
     default_layout_from("sub");
+}
+
+/// A team in the default layout at the top of a fresh repository, its supervisor running, with
+/// the fake LLM; members are scripted by model name.
+struct Scene {
+    tmp: tempfile::TempDir,
+    repo: PathBuf,
+    fake: FakeLlm,
+    url: String,
+    _sup: Option<Bg>,
+}
+
+impl Scene {
+    fn new() -> Scene {
+        let (tmp, repo) = repository();
+        std::fs::write(tmp.path().join("key"), "sk-test\n").unwrap();
+        let fake = FakeLlm::start([]).patient(T);
+        let url = fake.url();
+        Scene {
+            tmp,
+            repo,
+            fake,
+            url,
+            _sup: None,
+        }
+    }
+
+    fn lead(&self, args: &[&str]) -> Command {
+        let key = self.tmp.path().join("key");
+        lead_in(&self.repo, &self.url, key.to_str().unwrap(), args)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        ok(self.lead(args).output().unwrap(), &format!("lead {args:?}"))
+    }
+
+    /// Spawns `name` (model `m-NAME`) whose first activation runs `commands` in turn.
+    fn spawn(&self, name: &str, worktree: bool, commands: &[&str]) {
+        let model = format!("m-{name}");
+        let mut args = vec![
+            "spawn", name, "--role", "coder", "--prompt", "p", "--model", &model,
+        ];
+        if worktree {
+            args.push("--worktree");
+        }
+        self.ok(&args);
+        self.script(name, commands);
+    }
+
+    /// The next activation of `name` runs `commands`, then ends its turn.
+    fn script(&self, name: &str, commands: &[&str]) {
+        let model = format!("m-{name}");
+        for (i, c) in commands.iter().enumerate() {
+            self.fake.push_for(&model, call(&format!("tu_{i}"), c));
+        }
+        self.fake
+            .push_for(&model, Reply::ok(anthropic_text("done")));
+    }
+
+    fn run(&mut self) {
+        let stderr = self.tmp.path().join("lead.stderr");
+        self._sup = Some(Bg(self
+            .lead(&["run", "--stop-timeout", "1", "--kill-grace", "1"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(stderr).unwrap())
+            .spawn()
+            .unwrap()));
+    }
+
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).unwrap()
+    }
+
+    /// Waits until `name` is idle having made `calls` model calls in all.
+    fn idle_after(&self, name: &str, calls: usize) -> Value {
+        let model = format!("m-{name}");
+        wait_until(T, &format!("{name} idle after {calls} calls"), || {
+            let s = self.status();
+            let m = member(&s, name).clone();
+            assert_ne!(m["status"], "failed", "{name} failed: {m}");
+            (m["status"] == "idle" && self.fake.requests_for(&model) >= calls).then_some(m)
+        })
+    }
+
+    /// Kills `name`'s worker with SIGKILL and waits for its successor to be idle.
+    fn restart(&self, name: &str) {
+        let m = member(&self.status(), name).clone();
+        let pid = m["pid"].as_i64().expect("a pid");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        wait_until(T, &format!("{name} started again"), || {
+            let s = self.status();
+            let m = member(&s, name);
+            (m["pid"].as_i64().is_some_and(|p| p != pid) && m["status"] == "idle").then_some(())
+        });
+    }
+
+    fn results(&self, name: &str) -> Vec<String> {
+        tool_results(&self.fake, &format!("m-{name}"))
+    }
+}
+
+/// A file no sandbox grant names: outside `/tmp` (whose real contents commands never see) and
+/// outside the system trees.
+fn secret_outside() -> (tempfile::TempDir, PathBuf) {
+    let base = if Path::new("/var/tmp").is_dir() {
+        PathBuf::from("/var/tmp")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let f = dir.path().join("secret.txt");
+    std::fs::write(&f, "OUT-OF-REACH\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    (dir, f)
+}
+
+/// N1 for `name`: its first activation runs `plant`; after its worker is killed and started
+/// again, a command reads a file outside every grant, and cannot.
+fn planted_grants_grant_nothing(worktree: bool, plant: &str) {
+    let (_outside, secret) = secret_outside();
+    let mut scene = Scene::new();
+    scene.spawn("alice", worktree, &[plant]);
+    scene.run();
+    scene.idle_after("alice", 2);
+    scene.restart("alice");
+    let read = format!("cat {} 2>&1; echo READ=$?", secret.display());
+    scene.script("alice", &[&read]);
+    scene.ok(&["send", "alice", "go on"]);
+    scene.idle_after("alice", 4);
+    let results = scene.results("alice");
+    let all = results.join("\n");
+    assert!(all.contains("READ="), "the read never ran: {all}");
+    assert!(
+        !all.contains("OUT-OF-REACH") && !all.contains("READ=0"),
+        "after the plant ({plant}) and a restart, a command read {}: {all}",
+        secret.display()
+    );
+}
+
+#[test]
+fn a_planted_git_file_grants_nothing_to_a_member_in_the_main_tree() {
+    // The repository's own `.git` cannot be replaced; a sub-directory's can be made.
+    planted_grants_grant_nothing(
+        false,
+        "mkdir -p fake && echo / > fake/commondir && echo \"gitdir: $PWD/fake\" > .git; \
+         echo \"gitdir: $PWD/fake\" > sub/.git; echo planted",
+    );
+}
+
+#[test]
+fn a_planted_commondir_grants_nothing_to_a_worktree_member() {
+    planted_grants_grant_nothing(
+        true,
+        "printf ' /\\n' > \"$(git rev-parse --git-dir)/commondir\"; echo commondir=$?; \
+         mkdir -p fake && echo / > fake/commondir; \
+         echo \"gitdir: $PWD/fake\" > .git; echo gitfile=$?",
+    );
+}
+
+#[test]
+fn a_planted_git_dir_runs_nothing_when_lead_status_looks_at_the_worktree() {
+    let mut scene = Scene::new();
+    let marker = scene.tmp.path().join("FSMONITOR-RAN");
+    let hook = format!("touch {}; exit 1", marker.display());
+    // A git dir of the model's making, with fsmonitor set, named by the worktree's `.git`;
+    // and the same config put where the admin dir's `commondir` would send git.
+    let plant = format!(
+        "git init -q --bare .g && git -C .g config core.fsmonitor '{hook}'; \
+         echo \"gitdir: $PWD/.g\" > .git; echo gitfile=$?; \
+         printf '%s\\n' \"$PWD/.g\" > \"$(git rev-parse --git-dir)/commondir\"; echo commondir=$?"
+    );
+    scene.spawn("alice", true, &[&plant]);
+    scene.run();
+    scene.idle_after("alice", 2);
+    let planted = scene.results("alice").join("\n");
+    for _ in 0..2 {
+        let s = scene.status();
+        assert!(
+            member(&s, "alice")["worktree"]["branch"] == "troupe/alice",
+            "{s}"
+        );
+        scene.ok(&["status"]);
+    }
+    assert!(
+        !marker.exists(),
+        "lead status ran the model's core.fsmonitor (the plant said: {planted})"
+    );
+    // The worktree still works for its member: its `.git` was not changed.
+    scene.script("alice", &["git status --short >/dev/null && echo GIT-OK"]);
+    scene.ok(&["send", "alice", "again"]);
+    scene.idle_after("alice", 4);
+    let all = scene.results("alice").join("\n");
+    assert!(all.contains("GIT-OK"), "{all}");
+}
+
+#[test]
+fn the_main_trees_git_dir_is_read_only_to_commands() {
+    let mut scene = Scene::new();
+    let repo = scene.repo.clone();
+    let marker = scene.tmp.path().join("MODEL-HOOK-RAN");
+    let config_before = std::fs::read(repo.join(".git/config")).unwrap();
+    let listing = |dir: &Path| {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    let git_before = listing(&repo.join(".git"));
+    let hooks_before = listing(&repo.join(".git/hooks"));
+    let attack = [
+        format!(
+            "printf '#!/bin/sh\\ntouch {}\\n' > .git/hooks/pre-commit; echo hook=$?; \
+             chmod +x .git/hooks/pre-commit",
+            marker.display()
+        ),
+        format!(
+            "printf '[core]\\n\\tfsmonitor = touch {}\\n' >> .git/config; echo config=$?",
+            marker.display()
+        ),
+        "mkdir -p .git/info; echo '* filter=x' > .git/info/attributes; echo info=$?".to_owned(),
+        "mv .git .git-away; echo move=$?; rm -rf .git; echo remove=$?".to_owned(),
+        "echo 'gitdir: /tmp' > .git; echo replace=$?".to_owned(),
+    ];
+    let attack: Vec<&str> = attack.iter().map(String::as_str).collect();
+    scene.spawn("bob", false, &attack);
+    scene.run();
+    scene.idle_after("bob", attack.len() + 1);
+    let all = scene.results("bob").join("\n");
+    for what in ["hook", "config", "info", "move", "replace"] {
+        assert!(all.contains(&format!("{what}=")), "{what} never ran: {all}");
+        assert!(
+            !all.contains(&format!("{what}=0")),
+            "bash could {what} in the main tree's .git: {all}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(repo.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert_eq!(listing(&repo.join(".git")), git_before);
+    assert_eq!(listing(&repo.join(".git/hooks")), hooks_before);
+    // The person commits: nothing of the model's runs.
+    std::fs::write(repo.join("sub/change"), "x\n").unwrap();
+    git_ok(&repo, &["add", "sub/change"]);
+    git_ok(
+        &repo,
+        &[
+            "-c",
+            "user.name=Test",
+            "-c",
+            "user.email=test@example.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "the person's commit",
+        ],
+    );
+    git_ok(&repo, &["status", "--short"]);
+    assert!(!marker.exists(), "the person's git ran the model's code");
 }

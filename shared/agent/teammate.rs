@@ -657,9 +657,21 @@ impl Teammate {
         } else {
             ""
         };
+        // What git allows here (see `crate::worktree::GitDirs`): looked at, not read.
+        let dot_git = std::fs::symlink_metadata(self.s.workdir.join(".git")).ok();
+        let git = match dot_git {
+            Some(m) if m.is_file() => format!(
+                " It is your own git worktree, on branch troupe/{}: commit your work there.",
+                self.s.name
+            ),
+            Some(m) if m.is_dir() => " Its git repository is read-only to you: edit files, \
+                                      do not commit (the lead or a person does)."
+                .to_owned(),
+            _ => String::new(),
+        };
         format!(
             "You are {name}, a {role} on a team of agents run by a lead. Your working directory \
-             is {wd}; file tools are confined to it.\n\nYour instructions:\n{prompt}\n\n\
+             is {wd}; file tools are confined to it.{git}\n\nYour instructions:\n{prompt}\n\n\
              Messages from the lead and teammates arrive as <inbox> turns. Use send_message to \
              reply or report (the lead is \"lead\"). When you are asked to shut down, answer \
              with shutdown_response. When you have nothing left to do, end your turn with a short \
@@ -808,7 +820,11 @@ impl Teammate {
                 "{name} is not available until a plan of yours is approved: submit one with plan_approval"
             ));
         }
-        let wd = match tools::fs::Workdir::for_agent(&self.s.workdir, &self.s.team) {
+        let wd = match tools::fs::Workdir::for_agent(
+            &self.s.workdir,
+            &self.s.team,
+            self.s.sandbox.owner(),
+        ) {
             Ok(wd) => wd,
             Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
         };
