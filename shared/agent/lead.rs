@@ -489,7 +489,11 @@ impl Lead {
         }
         let file_tool = matches!(name, "bash" | "read_file" | "write_file" | "edit_file");
         if file_tool {
-            let wd = match tools::fs::Workdir::for_agent(&self.s.workdir, &self.s.team) {
+            let wd = match tools::fs::Workdir::for_agent(
+                &self.s.workdir,
+                &self.s.team,
+                self.s.sandbox.owner(),
+            ) {
                 Ok(wd) => wd,
                 Err(e) => return ToolOutput::error(format!("working directory unavailable: {e}")),
             };

@@ -293,6 +293,12 @@ impl Sandbox {
         &self.status
     }
 
+    /// The uid and gid commands run as when that is another user than this process's (troupe
+    /// run as root): the owner the file tools give what they make, so commands can change it.
+    pub fn owner(&self) -> Option<(libc::uid_t, libc::gid_t)> {
+        self.plan.as_ref().and_then(|p| p.switch_to)
+    }
+
     /// What the next command runs in; `Ok(None)` when unsandboxed.
     pub(crate) fn for_command(&self) -> Result<Option<ForCommand>, String> {
         let Some(plan) = &self.plan else {
