@@ -16,6 +16,7 @@ mod commands;
 mod demo;
 mod demo_board;
 mod notify;
+mod sandbox_check;
 mod supervisor;
 mod tasks;
 mod up;
@@ -86,6 +87,9 @@ enum Cmd {
     /// Measure inbox throughput (and more) and print one JSON document.
     Bench(bench::BenchArgs),
     /// Internal: one writer process of `lead bench`.
+    /// The sandbox of teammates' commands: `lead sandbox check [--json]` runs the negative
+    /// checks in a real one (exit 1 when one does not hold).
+    Sandbox(sandbox_check::SandboxArgs),
     #[command(hide = true)]
     BenchWriter(bench::WriterArgs),
     /// Internal: the idle recipient of `lead bench`'s wake-up latency.
@@ -127,7 +131,7 @@ fn main() -> ExitCode {
     }
     // The conversational commands share the terminal with a person: only warnings there.
     let level = match cli.command {
-        Cmd::Chat(_) | Cmd::Demo(_) => tracing::Level::WARN,
+        Cmd::Chat(_) | Cmd::Demo(_) | Cmd::Sandbox(_) => tracing::Level::WARN,
         _ => tracing::Level::INFO,
     };
     tracing_subscriber::fmt()
@@ -204,6 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args, cli.bus.as_deref()),
         Cmd::BenchWriter(args) => bench::writer(args, cli.bus.as_deref()),
+        Cmd::Sandbox(a) => sandbox_check::run(a),
         Cmd::BenchWaiter(args) => bench::waiter(args, cli.bus.as_deref()),
     }
 }
