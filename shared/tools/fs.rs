@@ -4,11 +4,11 @@
 //! (`RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`): the kernel resolves it once, symlinks
 //! included, and refuses a resolution that would leave the working directory (a `..` above
 //! it, an absolute symlink, a relative one that climbs out, a `/proc` magic link). Then what
-//! was opened is checked, not its name ([`Workdir::judge`]): nothing in the team directory,
-//! no API key file, and for a change nothing in the read-only part (the working dir's
-//! `.git`). Only then is the file read, truncated or written, as the same inode. Missing
-//! parent dirs are made one at a time, each relative to the descriptor of the dir above it,
-//! which is checked before anything is made in it.
+//! was opened is checked, not its name (`Workdir::judge` says how and why): nothing in the
+//! team directory, no API key file, and for a change nothing in the read-only part (the
+//! working dir's `.git`). Only then is the file read, truncated or written, as the same
+//! inode. Missing parent dirs are made one at a time, each relative to the descriptor of the
+//! dir above it, which is checked before anything is made in it.
 //!
 //! So a process that swaps dirs and symlinks while a tool runs (a racer an earlier command left
 //! running: finding N4 of the third review) can change which file is opened, never let one
