@@ -276,6 +276,13 @@ fn check(c: &CheckArgs) -> anyhow::Result<u8> {
     );
     let scratch = Scratch::create(&fake_key)?;
     let report = run_child(&scratch.layout, &c.sandbox, &fake_key)?;
+    // The sandbox's private temp dir is named after the scratch team dir: this run's alone.
+    if let Some(t) = &report.status.tmp
+        && t.file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with(&format!("-{NAME}")))
+    {
+        remove_empty_dirs(t);
+    }
     drop(scratch);
     if c.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -283,6 +290,22 @@ fn check(c: &CheckArgs) -> anyhow::Result<u8> {
         print!("{}", render(&report));
     }
     Ok(if report.all_hold { 0 } else { 1 })
+}
+
+/// Removes `dir` and the empty dirs under it, bottom up; a file, and the dirs that hold it,
+/// stay. The checking process removes its sandbox's private temp dir when it ends, if empty,
+/// but the mount points of the paths bound back over it (the scratch working dir, when it lies
+/// in `/tmp`) are left in it.
+fn remove_empty_dirs(dir: &Path) {
+    if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return;
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            remove_empty_dirs(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Starts the checking process with a bare environment (the fake key file and variable, no
