@@ -196,12 +196,28 @@ EOF
 
 # --- the bus (with --redis) -----------------------------------------------------------------------
 REDIS_DIR=$TMP/redis
+# redis-cli as the default user (the troupe user may not PING).
+admin_cli() { redis-cli -p "$REDIS_PORT" --user default --pass "$ADMIN_PASSWORD" --no-auth-warning "$@"; }
+# The server's ACL log of refused commands and keys goes to $TMP/acl-denied: a refusal means
+# the troupe user's command list below lacks a command that troupe sends, also where troupe only
+# logged the error and carried on. Not counted: failed logins, and the client library's CLIENT
+# SETINFO at connect (Redis 7.2+), whose refusal it ignores. Read before each kill, since the
+# log lives in the server's memory.
+keep_acl_denials() {
+  admin_cli --json acl log 2>/dev/null | python3 -c '
+import json, sys
+text = sys.stdin.read().strip()
+for entry in (json.loads(text) if text else []):
+    e = dict(zip(entry[0::2], entry[1::2])) if isinstance(entry, list) else entry
+    if e.get("reason") != "auth" and e.get("object") != "client|setinfo":
+        print(" ".join(f"{k}={e[k]}" for k in ("reason", "context", "object", "username") if k in e))
+' >>"$TMP/acl-denied" || true
+}
 start_redis() {
   redis-server "$REDIS_DIR/redis.conf" </dev/null >/dev/null 2>&1 &
   REDIS_PID=$!
   local deadline=$((SECONDS + 10))
-  until redis-cli -p "$REDIS_PORT" --user troupe --pass "$TROUPE_BUS_PASSWORD" --no-auth-warning \
-    ping 2>/dev/null | grep -q PONG; do
+  until admin_cli ping 2>/dev/null | grep -q PONG; do
     if [[ $SECONDS -ge $deadline ]]; then
       fail "redis-server not up within 10 s (see $REDIS_DIR/redis.log)"
     fi
@@ -214,7 +230,9 @@ if [[ $REDIS == 1 ]]; then
   TROUPE_BUS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   ADMIN_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   # The default user keeps its rights under a password of its own: Redis 7.0 replays its
-  # append-only log's transactions as the default user.
+  # append-only log's transactions as the default user. The troupe user gets README's rights:
+  # its keys, no channel, exactly the commands troupe sends (tests/support/redis_server.rs,
+  # TROUPE_ACL, says which is for what).
   cat >"$REDIS_DIR/redis.conf" <<EOF
 port $REDIS_PORT
 bind 127.0.0.1
@@ -224,7 +242,7 @@ appendonly yes
 appendfsync always
 save ""
 user default on >$ADMIN_PASSWORD ~* &* +@all
-user troupe on >$TROUPE_BUS_PASSWORD ~* &* +@all
+user troupe on >$TROUPE_BUS_PASSWORD resetkeys ~troupe:* resetchannels -@all +auth +select +get +mget +set +del +exists +pexpire +sadd +smembers +sismember +xadd +xrange +xrevrange +xread +xreadgroup +xgroup|create +xack +xdel +xlen +xinfo|stream +incrby +decrby +evalsha +script|load
 EOF
   export TROUPE_BUS="redis://troupe@127.0.0.1:$REDIS_PORT/0?team=drill" TROUPE_BUS_PASSWORD
   start_redis
@@ -233,6 +251,7 @@ fi
 # kill -9 of redis-server, and a new one on the same files (its append-only log brings back what
 # it acknowledged).
 restart_redis() {
+  keep_acl_denials
   kill -9 "$REDIS_PID"
   wait "$REDIS_PID" 2>/dev/null || true
   start_redis
@@ -586,6 +605,13 @@ for _ in 1 2 3 4 5 6 7 8 9 10; do
   orphans=$(team_pids)
 done
 [[ -z $orphans ]] || REASONS+=("orphaned processes of the team: $(echo $orphans)")
+
+if [[ $REDIS == 1 ]]; then
+  keep_acl_denials
+  if [[ -s $TMP/acl-denied ]]; then
+    REASONS+=("the server refused the troupe user $(sort "$TMP/acl-denied" | uniq -c | sed 's/^ *//' | paste -sd, -)")
+  fi
+fi
 
 python3 "$TMP/check.py" report "$KILLS_DONE" "$LEAD_KILLS_DONE" "$REDIS_RESTARTS_DONE"
 r=$(cat "$TMP/reasons")

@@ -1,10 +1,15 @@
 //! A real `redis-server` for the Redis bus tests: started from the distribution's package on a
 //! free loopback port, in a temporary dir, with `appendonly yes`, `appendfsync always` and
-//! AUTH required (an ACL user `troupe` with a random password; the default user keeps its
-//! rights under another random password, because Redis 7.0 replays the transactions of its
-//! append-only log as the default user: with `user default off`, a restart dropped every
-//! script's writes, NOPERM at load), and stopped (SIGKILL) when dropped. Under `CI=true` a missing server fails the test; elsewhere
-//! the test says so and skips.
+//! AUTH required, and stopped (SIGKILL) when dropped. Under `CI=true` a missing server fails
+//! the test; elsewhere the test says so and skips.
+//!
+//! troupe connects as the ACL user `troupe` (a random password) with the rights README gives
+//! it, [`TROUPE_ACL`]: its keys and the commands it sends, nothing else. The default user
+//! keeps every right under another random password, because Redis 7.0 replays the transactions
+//! of its append-only log as the default user (with `user default off`, a restart dropped every
+//! script's writes, NOPERM at load). Every refusal of a command or a key the server logged
+//! (`ACL LOG`) fails the test when the server is stopped or dropped, also where troupe only
+//! logged the error and carried on: the list must be complete.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -12,12 +17,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The rights of the ACL user `troupe`, as README gives them: keys `troupe:*` only, no pub/sub
+/// channel, and exactly the commands troupe sends. The connection: AUTH (which Redis allows
+/// anyway; listed so that this is the whole of what troupe sends) and SELECT (a URL's `/DB`
+/// other than 0). The documents, locks, id sets and leases: GET, MGET, SET, DEL, EXISTS, SADD,
+/// SMEMBERS, SISMEMBER, and PEXPIRE (a lock taken again by its holder, on a retry). The
+/// inboxes, events and change feed (streams): XADD, XRANGE, XREVRANGE, XREAD, XREADGROUP,
+/// XGROUP CREATE, XACK, XDEL, XLEN, XINFO STREAM, and INCRBY/DECRBY of an inbox's byte count.
+/// The Lua scripts: EVALSHA, and SCRIPT LOAD when the server has lost its script cache (the
+/// commands a script calls are checked one by one).
+pub const TROUPE_ACL: &str = "resetkeys ~troupe:* resetchannels -@all +auth +select \
+    +get +mget +set +del +exists +pexpire +sadd +smembers +sismember \
+    +xadd +xrange +xrevrange +xread +xreadgroup +xgroup|create +xack +xdel +xlen +xinfo|stream \
+    +incrby +decrby +evalsha +script|load";
+
 pub struct RedisServer {
     child: Child,
     bin: PathBuf,
     pub port: u16,
     pub password: String,
+    /// The default user's password (the test's own admin connection).
+    admin: String,
     pub dir: tempfile::TempDir,
+    /// Refusals the server logged before a kill (its ACL log does not outlive it).
+    denied: Vec<String>,
 }
 
 /// The server binary: `TROUPE_TEST_REDIS_SERVER`, else `redis-server` or `valkey-server` on
@@ -54,7 +77,7 @@ impl RedisServer {
             format!(
                 "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/redis.log\nappendonly yes\n\
                  appendfsync always\nsave \"\"\nuser default on >{admin} ~* &* +@all\n\
-                 user troupe on >{password} ~* &* +@all\n",
+                 user troupe on >{password} {TROUPE_ACL}\n",
                 dir = dir.path().display(),
             ),
         )
@@ -65,7 +88,9 @@ impl RedisServer {
             bin,
             port,
             password,
+            admin,
             dir,
+            denied: Vec::new(),
         };
         server.wait_ready();
         Some(server)
@@ -74,6 +99,7 @@ impl RedisServer {
     /// Kills the server with SIGKILL and starts it again on the same port and files (its
     /// append-only log brings back what it acknowledged).
     pub fn restart(&mut self) {
+        self.keep_denials();
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.child = spawn(&self.bin, &self.dir.path().join("redis.conf"));
@@ -82,6 +108,7 @@ impl RedisServer {
 
     /// Kills the server with SIGKILL and leaves it down (see [`RedisServer::start_again`]).
     pub fn stop(&mut self) {
+        self.keep_denials();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -97,12 +124,12 @@ impl RedisServer {
         format!("redis://troupe@127.0.0.1:{}/0?team={team}", self.port)
     }
 
-    /// Answers `PING` once authenticated.
+    /// Answers `PING` (as the default user: troupe's own user has no PING).
     fn wait_ready(&self) {
         let until = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
-                let cmd = format!("AUTH troupe {}\r\nPING\r\n", self.password);
+                let cmd = format!("AUTH default {}\r\nPING\r\n", self.admin);
                 if s.write_all(cmd.as_bytes()).is_ok() {
                     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
                     let mut r = BufReader::new(s);
@@ -134,12 +161,82 @@ impl RedisServer {
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// The refusals of commands and keys in the server's ACL log, each as the server described
+    /// it; none when the server does not answer. Not counted: failed logins (a test tries a
+    /// wrong password on purpose) and the client library's `CLIENT SETINFO` at connect, whose
+    /// refusal it ignores (Redis 7.2 and later; 7.0 has no such command, and refuses an ACL
+    /// rule naming it).
+    fn acl_denials(&self) -> Vec<String> {
+        let url = format!("redis://default@127.0.0.1:{}/", self.port);
+        let Ok(info) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) else {
+            return Vec::new();
+        };
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_password(self.admin.as_str());
+        let info = info.set_redis_settings(settings);
+        let Ok(mut conn) = redis::Client::open(info)
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        else {
+            return Vec::new();
+        };
+        let Ok(redis::Value::Array(entries)) = redis::cmd("ACL")
+            .arg("LOG")
+            .query::<redis::Value>(&mut conn)
+        else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter_map(|e| match e {
+                redis::Value::Array(fields) => Some(fields.iter().map(word).collect::<Vec<_>>()),
+                _ => None,
+            })
+            .filter(|fields| {
+                let field = |k: &str| {
+                    fields
+                        .chunks(2)
+                        .find(|kv| kv[0] == k)
+                        .and_then(|kv| kv.get(1))
+                        .map(String::as_str)
+                };
+                field("reason") != Some("auth") && field("object") != Some("client|setinfo")
+            })
+            .map(|fields| fields.join(" "))
+            .collect()
+    }
+
+    /// Keeps what the ACL log holds before the server is killed.
+    fn keep_denials(&mut self) {
+        let d = self.acl_denials();
+        self.denied.extend(d);
+    }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        self.keep_denials();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if !std::thread::panicking() {
+            assert!(
+                self.denied.is_empty(),
+                "the server refused troupe a command or a key (TROUPE_ACL lacks it):\n{}",
+                self.denied.join("\n")
+            );
+        }
+    }
+}
+
+/// A field of an ACL log entry as text.
+fn word(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(i) => i.to_string(),
+        other => format!("{other:?}"),
     }
 }
 
