@@ -48,7 +48,7 @@ enum SandboxCmd {
 
 #[derive(Debug, clap::Args)]
 struct CheckArgs {
-    /// One JSON document: {"status": <sandbox status>, "checks": [{"name", "holds",
+    /// One JSON document: {"status": the sandbox's status, "checks": [{"name", "holds",
     /// "detail"}], "all_hold": bool}.
     #[arg(long)]
     json: bool,
