@@ -3,11 +3,11 @@
 //! in a scratch layout; prints what holds and what this kernel lacks, for people or as JSON.
 //!
 //! Two processes. `lead sandbox check` makes the scratch layout (a git working dir holding the
-//! team dir and a fake key file, a root-only file beside it when run as root, a marker file in
-//! the real `/tmp`), then starts itself again (`--scratch DIR`, hidden) the way the supervisor
-//! starts a worker, but with a bare environment that names the fake key file in
-//! `ANTHROPIC_API_KEY_FILE`: the user's environment and keys are never handed on, so no check
-//! can read or print them. That child prepares the sandbox with [`Sandbox::prepare`], runs each
+//! team dir and a fake key file, a root-only file beside it when run as root, a temp dir of
+//! its own, a marker file in the real `/tmp`), then starts itself again (`--scratch DIR`,
+//! hidden) the way the supervisor starts a worker, but with a bare environment that names the
+//! fake key file in `ANTHROPIC_API_KEY_FILE`: the user's environment and keys are never handed
+//! on, so no check can read or print them. That child prepares the sandbox with [`Sandbox::prepare`], runs each
 //! check through [`troupe::tools::bash::bash`] (the path a model's command takes) and writes
 //! its report into the scratch dir; the first process prints it, removes the scratch layout
 //! and exits 0 when every check holds, 1 otherwise.
@@ -132,6 +132,13 @@ impl Layout {
         self.root.join("report.json")
     }
 
+    /// The checking process's temp dir, where its sandbox makes its private `/tmp`: whatever
+    /// the sandbox leaves there (the mount points of paths bound back over it, the dirs of
+    /// probes that failed) goes with the scratch layout.
+    fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
     /// A file in the real `/tmp` that commands, whose `/tmp` is their private dir, must not
     /// see.
     fn tmp_marker(&self) -> PathBuf {
@@ -176,6 +183,7 @@ impl Scratch {
             marker: None,
         };
         let l = &scratch.layout;
+        make_dir(&l.tmp())?;
         let work = l.workdir();
         make_dir(&work)?;
         new_file(
@@ -276,13 +284,6 @@ fn check(c: &CheckArgs) -> anyhow::Result<u8> {
     );
     let scratch = Scratch::create(&fake_key)?;
     let report = run_child(&scratch.layout, &c.sandbox, &fake_key)?;
-    // The sandbox's private temp dir is named after the scratch team dir: this run's alone.
-    if let Some(t) = &report.status.tmp
-        && t.file_name()
-            .is_some_and(|n| n.to_string_lossy().ends_with(&format!("-{NAME}")))
-    {
-        remove_empty_dirs(t);
-    }
     drop(scratch);
     if c.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -290,22 +291,6 @@ fn check(c: &CheckArgs) -> anyhow::Result<u8> {
         print!("{}", render(&report));
     }
     Ok(if report.all_hold { 0 } else { 1 })
-}
-
-/// Removes `dir` and the empty dirs under it, bottom up; a file, and the dirs that hold it,
-/// stay. The checking process removes its sandbox's private temp dir when it ends, if empty,
-/// but the mount points of the paths bound back over it (the scratch working dir, when it lies
-/// in `/tmp`) are left in it.
-fn remove_empty_dirs(dir: &Path) {
-    if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
-        return;
-    }
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            remove_empty_dirs(&e.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 /// Starts the checking process with a bare environment (the fake key file and variable, no
@@ -319,13 +304,14 @@ fn run_child(layout: &Layout, settings: &Settings, fake_key: &str) -> anyhow::Re
         .args(settings.to_args().map_err(anyhow::Error::msg)?)
         .current_dir(layout.workdir())
         .env_clear();
-    for var in ["PATH", "HOME", "TMPDIR"] {
+    for var in ["PATH", "HOME"] {
         if let Some(v) = std::env::var_os(var) {
             cmd.env(var, v);
         }
     }
     // The judges read the C locale's error messages.
     cmd.env("LC_ALL", "C")
+        .env("TMPDIR", layout.tmp())
         .env("ANTHROPIC_API_KEY_FILE", layout.key_file())
         .env("ANTHROPIC_API_KEY", fake_key)
         .stdin(Stdio::null())
