@@ -20,6 +20,7 @@ mod sandbox_check;
 mod supervisor;
 mod tasks;
 mod up;
+mod up_trust;
 #[path = "../worker/main.rs"]
 mod worker;
 mod worker_exe;

@@ -18,6 +18,11 @@
 //! change (or refuses: an unknown owner, a cancelled blocker, a prune of a running member).
 //! Only then does [`apply`] write, so a bad file changes nothing. Applying the same file twice,
 //! the second run finds nothing to change: no write, no event, no message.
+//!
+//! Once the diff is decided, before anything is written, [`crate::up_trust`] decides whether
+//! the file may be applied without a person's `--accept`: one a teammate could have rewritten
+//! since it was last applied is shown as a diff and refused (exit 5). Prompt files are read
+//! only from under the file's directory.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -32,7 +37,7 @@ use troupe::tasks::{NewTask, Task, TaskStatus, TaskStore};
 use troupe::teamdir::LEAD;
 use troupe::{AgentName, TeamDir};
 
-use crate::ExitError;
+use crate::{ExitError, up_trust};
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -41,6 +46,10 @@ pub struct UpArgs {
     /// Remove members the file no longer lists (refused for one that is running).
     #[arg(long)]
     prune: bool,
+    /// Apply a file that lies where teammates' commands can write and changed since it was
+    /// last applied (without it, `lead up` shows the changes and exits 5).
+    #[arg(long)]
+    accept: bool,
     #[arg(long)]
     json: bool,
 }
@@ -67,7 +76,8 @@ pub struct TeamFile {
 pub struct MemberDecl {
     pub name: String,
     pub role: String,
-    /// Its instructions; or `prompt_file`, relative to the team file's directory.
+    /// Its instructions; or `prompt_file`, relative to the team file's directory and read only
+    /// from under it.
     #[serde(default)]
     pub prompt: Option<String>,
     #[serde(default)]
@@ -533,17 +543,25 @@ fn state(team_dir: &Path) -> anyhow::Result<(TeamConfig, Vec<Task>, bool)> {
 pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("failed to read team file {}", a.file.display()))?;
+    // The path as given, made absolute (not resolved): the key of what is recorded.
+    let file = std::path::absolute(&a.file)
+        .with_context(|| format!("failed to resolve {}", a.file.display()))?;
     let is_json = a.file.extension().is_some_and(|x| x == "json");
-    let base = a.file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let prompts = std::cell::RefCell::new(Vec::new());
     let read_prompt = |p: &Path| -> Result<String, String> {
-        let path = base.join(p);
-        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+        let read = up_trust::read_prompt(&base, p)?;
+        let text = read.text.clone();
+        prompts.borrow_mut().push(read);
+        Ok(text)
     };
     let bad = |e: Invalid| refusal(Refusal::Invalid(e), &a.file);
     let plan = validate(parse(&text, is_json).map_err(bad)?, &read_prompt).map_err(bad)?;
+    let prompts = prompts.into_inner();
     // Everything that can be refused is refused before the team dir is created or touched.
     let (cfg, tasks, running) = state(team_dir)?;
     diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;
+    up_trust::check(team_dir, &cfg, &file, &text, &prompts, a.accept)?;
     if let Some(h) = plan.members.iter().find_map(|m| m.host.as_deref()) {
         // Hosts are those of a team on a bus: refused now, not half way.
         if std::env::var_os(troupe::bus::BUS_ENV).is_none() {
@@ -565,7 +583,9 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     // Under the lock, against what is there now (another `lead up` may have gone first).
     let (cfg, tasks, running) = state(team_dir)?;
     let changes = diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;
+    up_trust::check(team_dir, &cfg, &file, &text, &prompts, a.accept)?;
     let items = apply(&team, &plan, &changes)?;
+    up_trust::Record::store(&team, &file, up_trust::applied(&text, &prompts))?;
     report(&items, a.json)?;
     Ok(0)
 }

@@ -110,8 +110,10 @@ fn write_file(team: &Team, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// `lead up FILE`, with `--accept`: these tests are about what a file does, and the file lies in
+/// the team's project root (tests/team_file_trust.rs is about when it needs `--accept`).
 fn up(team: &Team, file: &Path, more: &[&str]) -> Output {
-    let mut args = vec!["up", file.to_str().unwrap()];
+    let mut args = vec!["up", file.to_str().unwrap(), "--accept"];
     args.extend_from_slice(more);
     lead_cmd(team, "http://127.0.0.1:9", &args)
         .output()
@@ -130,7 +132,8 @@ fn ok(o: &Output) -> String {
 }
 
 /// Every file of the team dir that `lead up` may change, with its bytes (the lock files, which
-/// hold no content, left out).
+/// hold no content, and the record of applied files, which each new file path adds to, left
+/// out).
 fn snapshot(dir: &TeamDir) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     let root = dir.root();
@@ -143,7 +146,7 @@ fn snapshot(dir: &TeamDir) -> BTreeMap<String, Vec<u8>> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_none_or(|x| x != "lock") {
+            } else if p.extension().is_none_or(|x| x != "lock") && p != dir.team_file_record() {
                 let rel = p.strip_prefix(root).unwrap().display().to_string();
                 out.insert(rel, std::fs::read(&p).unwrap());
             }
