@@ -87,10 +87,10 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Measure inbox throughput (and more) and print one JSON document.
     Bench(bench::BenchArgs),
-    /// Internal: one writer process of `lead bench`.
     /// The sandbox of teammates' commands: `lead sandbox check [--json]` runs the negative
     /// checks in a real one (exit 1 when one does not hold).
     Sandbox(sandbox_check::SandboxArgs),
+    /// Internal: one writer process of `lead bench`.
     #[command(hide = true)]
     BenchWriter(bench::WriterArgs),
     /// Internal: the idle recipient of `lead bench`'s wake-up latency.
@@ -208,8 +208,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Chat(a) => chat::run(team_dir, a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args, cli.bus.as_deref()),
-        Cmd::BenchWriter(args) => bench::writer(args, cli.bus.as_deref()),
         Cmd::Sandbox(a) => sandbox_check::run(a),
+        Cmd::BenchWriter(args) => bench::writer(args, cli.bus.as_deref()),
         Cmd::BenchWaiter(args) => bench::waiter(args, cli.bus.as_deref()),
     }
 }
