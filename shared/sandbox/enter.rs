@@ -295,6 +295,97 @@ unsafe fn protect(p: &super::plan::Protect) -> Result<(), ()> {
     Ok(())
 }
 
+/// The resource limits of one command as its process sets them (see
+/// [`super::plan::Limits`]); `RLIM_INFINITY`: left as inherited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rlimits {
+    pub nproc: libc::rlim_t,
+    pub mem: libc::rlim_t,
+    pub cpu: libc::rlim_t,
+    pub nofile: libc::rlim_t,
+}
+
+/// In the command's own process: sets its limits, soft and hard alike (so that it cannot raise
+/// them), each at most the hard limit it already has (raising one would need a capability).
+pub(crate) fn set_limits(l: &Rlimits) -> Result<(), ()> {
+    for (resource, value, step) in [
+        (
+            libc::RLIMIT_NPROC,
+            l.nproc,
+            &b"setting the process limit"[..],
+        ),
+        (libc::RLIMIT_AS, l.mem, b"setting the address space limit"),
+        (libc::RLIMIT_CPU, l.cpu, b"setting the CPU time limit"),
+        (
+            libc::RLIMIT_NOFILE,
+            l.nofile,
+            b"setting the open files limit",
+        ),
+    ] {
+        if value == libc::RLIM_INFINITY {
+            continue;
+        }
+        // SAFETY: getrlimit/setrlimit on stack structs.
+        unsafe {
+            let mut now = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(resource, &mut now) != 0 {
+                return fail(step);
+            }
+            let v = value.min(now.rlim_max);
+            let new = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: v,
+            };
+            if libc::setrlimit(resource, &new) != 0 {
+                return fail(step);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sets the `oom_score_adj` of `pid` (0: this process) to 1000, so that the kernel's OOM
+/// killer takes commands before the lead and the workers. A writer with CAP_SYS_RESOURCE (a
+/// root keeper) also makes 1000 the floor, which the process and its children cannot go
+/// below again; an unprivileged team cannot set a floor, and its commands may lower the score
+/// back to the worker's own.
+pub(crate) fn oom_first(pid: libc::pid_t) -> Result<(), ()> {
+    let mut buf = [0u8; 64];
+    let path = if pid == 0 {
+        join(&mut buf, &[b"/proc/self/oom_score_adj"])
+    } else {
+        let (d, n) = digits(pid as u64);
+        join(&mut buf, &[b"/proc/", &d[..n], b"/oom_score_adj"])
+    };
+    // SAFETY: open/prctl/write/close on a NUL-terminated path and a static buffer.
+    unsafe {
+        let mut fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0
+            && pid == 0
+            && Errno::last() == Errno::EACCES
+            && libc::prctl(libc::PR_GET_DUMPABLE) == 0
+        {
+            // The /proc files of a process that is not dumpable (the worker is not, and this
+            // is its copy) belong to root: dumpable for the one open, which checks it.
+            libc::prctl(libc::PR_SET_DUMPABLE, 1);
+            fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            libc::prctl(libc::PR_SET_DUMPABLE, 0);
+        }
+        if fd < 0 {
+            return fail(b"opening oom_score_adj");
+        }
+        let ok = libc::write(fd, b"1000".as_ptr().cast(), 4) == 4;
+        if !ok {
+            failed(b"writing oom_score_adj");
+        }
+        libc::close(fd);
+        if ok { Ok(()) } else { Err(()) }
+    }
+}
+
 /// In the command's own process, last thing before exec: takes the plan's user, drops every
 /// capability, sets no-new-privileges, enters the working directory and the Landlock domain
 /// (`ruleset`: the ruleset the worker built for this command, or -1).

@@ -37,6 +37,7 @@ use landlock::{
 use serde::{Deserialize, Serialize};
 
 use plan::{Facts, Namespaces, Plan, RunAs};
+pub use plan::{Limit, Limits};
 
 /// How hard the sandbox is insisted on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +108,9 @@ pub struct Settings {
     /// cannot write the working directory). `root` chooses the latter always.
     #[arg(long = "sandbox-user", value_name = "USER")]
     pub user: Option<String>,
+    /// The resource limits of each command.
+    #[command(flatten)]
+    pub limits: Limits,
 }
 
 impl Settings {
@@ -117,6 +121,7 @@ impl Settings {
             read,
             write,
             user,
+            limits,
         } = self;
         let mut args = vec!["--sandbox".to_owned(), mode.as_str().to_owned()];
         for (flag, dirs) in [("--sandbox-read", read), ("--sandbox-write", write)] {
@@ -130,6 +135,7 @@ impl Settings {
         if let Some(u) = user {
             args.extend(["--sandbox-user".to_owned(), u.clone()]);
         }
+        args.extend(limits.to_args());
         Ok(args)
     }
 }
@@ -195,7 +201,9 @@ const SYSTEM_TREES: [&str; 10] = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys",
 ];
 
-/// Device files commands may read and write.
+/// Device files commands may read and write. `/dev/tty` without device ioctls: a command has
+/// no controlling terminal (it runs in a session of its own), so opening it fails with ENXIO,
+/// as programs that look for a terminal expect.
 const DEVICES: [&str; 6] = [
     "/dev/null",
     "/dev/zero",
@@ -204,6 +212,16 @@ const DEVICES: [&str; 6] = [
     "/dev/urandom",
     "/dev/tty",
 ];
+
+/// What commands may do with a device file: read and write it, and its device ioctls except on
+/// `/dev/tty` (see [`DEVICES`]).
+fn device_access(dev: &Path, file_rw: BitFlags<AccessFs>) -> BitFlags<AccessFs> {
+    if dev == Path::new("/dev/tty") {
+        file_rw & !BitFlags::from(AccessFs::IoctlDev)
+    } else {
+        file_rw
+    }
+}
 
 /// The uid and gid of `nobody` where the user database does not say.
 const NOBODY: (libc::uid_t, libc::gid_t) = (65534, 65534);
@@ -221,6 +239,8 @@ pub struct Sandbox {
     abi: u32,
     /// `TMPDIR` of the commands.
     tmpdir: Option<PathBuf>,
+    /// The resource limits of each command, in every mode.
+    limits: Limits,
 }
 
 impl Drop for Sandbox {
@@ -258,10 +278,14 @@ impl Sandbox {
     ) -> Sandbox {
         if settings.mode == Mode::Off {
             tracing::info!("sandbox off: bash commands run unsandboxed, as this process's user");
-            return Sandbox::off();
+            let mut sb = Sandbox::off();
+            sb.limits = settings.limits;
+            sb.status.notes.extend(sb.nproc_note());
+            return sb;
         }
         let git = crate::worktree::GitDirs::for_member(workdir, worktree);
-        let sb = probe_all(settings, workdir, team_dir, name, &git);
+        let mut sb = probe_all(settings, workdir, team_dir, name, &git);
+        sb.status.notes.extend(sb.nproc_note());
         let st = &sb.status;
         if let Some(r) = &st.refused {
             tracing::error!("sandbox required but unavailable ({r}): bash will not run commands");
@@ -286,11 +310,62 @@ impl Sandbox {
             rules: Vec::new(),
             abi: 0,
             tmpdir: None,
+            limits: Limits::default(),
         }
     }
 
     pub fn status(&self) -> &Status {
         &self.status
+    }
+
+    /// The limits a command's process sets (see [`Limits`]). The kernel counts processes per
+    /// user, in each user namespace apart: the process limit is per command where commands get
+    /// a user namespace of their own or run as a user of their own (`nobody`). Where they run
+    /// as the worker's own user in its namespace (`--sandbox off` or no user namespaces, not
+    /// root) it would count every process of that user, the team's own included, and is not
+    /// set; uid 0 is exempt from it (see [`Sandbox::nproc_note`]).
+    pub(crate) fn rlimits(&self) -> enter::Rlimits {
+        let l = &self.limits;
+        enter::Rlimits {
+            nproc: if self.nproc_shared() {
+                libc::RLIM_INFINITY
+            } else {
+                l.nproc.rlim()
+            },
+            mem: l.mem.rlim(),
+            cpu: l.cpu.rlim(),
+            nofile: l.nofile.rlim(),
+        }
+    }
+
+    /// Commands run as the worker's own non-root user without a user namespace of their own.
+    fn nproc_shared(&self) -> bool {
+        !nix::unistd::geteuid().is_root()
+            && self
+                .plan
+                .as_ref()
+                .is_none_or(|p| p.ns != Namespaces::UserPidMount)
+    }
+
+    /// Says where the process limit does not hold: commands that run as uid 0 (root, or root
+    /// of their own user namespace) are exempt from RLIMIT_NPROC, and where the count would be
+    /// shared it is not set.
+    fn nproc_note(&self) -> Option<String> {
+        self.limits.nproc.0?;
+        let uid = nix::unistd::geteuid();
+        if self.nproc_shared() {
+            return Some(format!(
+                "no process limit (--sandbox-nproc): without a user namespace of their own, \
+                 commands would share the count of every process of uid {uid}, the team's own \
+                 included"
+            ));
+        }
+        let as_root = uid.is_root() && self.plan.as_ref().is_none_or(|p| p.switch_to.is_none());
+        as_root.then(|| {
+            "the process limit (--sandbox-nproc) does not hold: commands run as uid 0, which \
+             the kernel exempts from it"
+                .to_owned()
+        })
     }
 
     /// The uid and gid commands run as when that is another user than this process's (troupe
@@ -660,7 +735,8 @@ fn probe_all(
                 }
                 for d in DEVICES.iter().map(PathBuf::from) {
                     if d.exists() {
-                        rules.push((d, file_rw));
+                        let access = device_access(&d, file_rw);
+                        rules.push((d, access));
                     }
                 }
                 for t in [workdir.clone(), tmp.clone()]
@@ -721,6 +797,7 @@ fn probe_all(
                 plan: Some(Arc::new(plan)),
                 rules,
                 abi,
+                limits: settings.limits,
                 tmpdir: Some(if ns == Namespaces::None {
                     tmp.clone()
                 } else {
@@ -819,6 +896,7 @@ fn probe_all(
         rules: Vec::new(),
         abi: 0,
         tmpdir: None,
+        limits: settings.limits,
     }
 }
 

@@ -3,8 +3,127 @@
 //! [`super::Sandbox::prepare`]. Pure: it reads nothing but what it is given.
 
 use std::ffi::CString;
+use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The default limits of one command: a `cargo build` of a mid-size crate (this one: about 120
+/// crates, ring's C code included) fits in them on a 2-core machine with room to spare (see
+/// [`Limits`]).
+pub const DEFAULT_NPROC: u64 = 1024;
+pub const DEFAULT_MEM: u64 = 8 << 30;
+pub const DEFAULT_CPU: u64 = 600;
+pub const DEFAULT_NOFILE: u64 = 4096;
+
+/// One resource limit: a number, or none (`unlimited`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(pub Option<u64>);
+
+impl Limit {
+    /// The value `setrlimit` takes.
+    pub(crate) fn rlim(self) -> libc::rlim_t {
+        self.0.map_or(libc::RLIM_INFINITY, |n| n as libc::rlim_t)
+    }
+}
+
+impl fmt::Display for Limit {
+    /// Digits, or `unlimited`: what [`Limit::from_str`] reads back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(n) => write!(f, "{n}"),
+            None => f.write_str("unlimited"),
+        }
+    }
+}
+
+impl FromStr for Limit {
+    type Err = String;
+    /// `unlimited`, or a number with an optional binary suffix K, M, G or T (`8G`).
+    fn from_str(s: &str) -> Result<Limit, String> {
+        if s == "unlimited" {
+            return Ok(Limit(None));
+        }
+        let (digits, shift) = match s.char_indices().last() {
+            Some((i, c)) if c.is_ascii_alphabetic() => {
+                let shift = match c.to_ascii_uppercase() {
+                    'K' => 10,
+                    'M' => 20,
+                    'G' => 30,
+                    'T' => 40,
+                    _ => return Err(format!("{s:?}: unknown suffix {c:?} (K, M, G or T)")),
+                };
+                (&s[..i], shift)
+            }
+            _ => (s, 0),
+        };
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("{s:?}: expected a number (with K, M, G or T) or unlimited"))?;
+        n.checked_mul(1 << shift)
+            .map(|n| Limit(Some(n)))
+            .ok_or_else(|| format!("{s:?}: too large"))
+    }
+}
+
+/// The resource limits of each command (settings of `lead run`, `worker`, `lead chat` and
+/// `lead demo`), set with `setrlimit` in the command's own process just before it execs bash,
+/// soft and hard alike (never above the worker's own hard limit), so the keeper that kills a
+/// command is never under them. They bound each process of the command, except the process
+/// count, which the kernel keeps per user and user namespace: a command that gets a user
+/// namespace of its own or runs as `nobody` has its own count, and a fork bomb stops at the
+/// limit and ends with the command's timeout. It is not set where commands run as the
+/// worker's own user in its namespace (it would count the team's processes too), and uid 0
+/// is exempt from it; the member's sandbox status says so in a note.
+///
+/// The defaults were measured on `cargo build` of this crate: rustc peaks near 2 GiB of
+/// address space and the whole build near 60 processes and threads; 8 GiB leaves room for a
+/// linker and bigger crates, and a command of two minutes never needs 600 s of CPU in one
+/// process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct Limits {
+    /// The most processes and threads one command may run at once (RLIMIT_NPROC), or
+    /// `unlimited`.
+    #[arg(long = "sandbox-nproc", value_name = "N", default_value = "1024")]
+    pub nproc: Limit,
+    /// The address space of each process of a command (RLIMIT_AS), in bytes or with K, M, G
+    /// or T, or `unlimited`.
+    #[arg(long = "sandbox-mem", value_name = "SIZE", default_value = "8G")]
+    pub mem: Limit,
+    /// The CPU seconds each process of a command may use (RLIMIT_CPU), or `unlimited`.
+    #[arg(long = "sandbox-cpu", value_name = "SECS", default_value = "600")]
+    pub cpu: Limit,
+    /// The most open files of each process of a command (RLIMIT_NOFILE), or `unlimited`.
+    #[arg(long = "sandbox-nofile", value_name = "N", default_value = "4096")]
+    pub nofile: Limit,
+}
+
+impl Default for Limits {
+    /// The clap defaults above.
+    fn default() -> Limits {
+        Limits {
+            nproc: Limit(Some(DEFAULT_NPROC)),
+            mem: Limit(Some(DEFAULT_MEM)),
+            cpu: Limit(Some(DEFAULT_CPU)),
+            nofile: Limit(Some(DEFAULT_NOFILE)),
+        }
+    }
+}
+
+impl Limits {
+    /// The flags that parse back into these.
+    pub fn to_args(&self) -> Vec<String> {
+        [
+            ("--sandbox-nproc", self.nproc),
+            ("--sandbox-mem", self.mem),
+            ("--sandbox-cpu", self.cpu),
+            ("--sandbox-nofile", self.nofile),
+        ]
+        .into_iter()
+        .flat_map(|(flag, l)| [flag.to_owned(), l.to_string()])
+        .collect()
+    }
+}
 
 /// At most this many paths are bound back over the replaced `/tmp` and `/run`.
 pub(crate) const MAX_KEEP: usize = 16;
@@ -335,6 +454,40 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        limits: Limits,
+    }
+
+    #[test]
+    fn limits_parse_with_suffixes_and_unlimited() {
+        let p = |s: &str| s.parse::<Limit>();
+        assert_eq!(p("8G"), Ok(Limit(Some(8 << 30))));
+        assert_eq!(p("3k"), Ok(Limit(Some(3 << 10))));
+        assert_eq!(p("4096"), Ok(Limit(Some(4096))));
+        assert_eq!(p("unlimited"), Ok(Limit(None)));
+        for bad in ["", "G", "x", "5Q", "-1", "99999999999T"] {
+            assert!(p(bad).is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(Limit(Some(8 << 30)).to_string(), "8589934592");
+        assert_eq!(Limit(None).rlim(), libc::RLIM_INFINITY);
+    }
+
+    #[test]
+    fn limits_default_as_clap_does_and_round_trip_through_their_flags() {
+        assert_eq!(Cli::parse_from(["x"]).limits, Limits::default());
+        let l = Limits {
+            nproc: Limit(Some(7)),
+            mem: Limit(None),
+            cpu: Limit(Some(30)),
+            nofile: Limit(Some(64)),
+        };
+        let args = std::iter::once("x".to_owned()).chain(l.to_args());
+        assert_eq!(Cli::parse_from(args).limits, l);
+    }
 
     fn facts(ns: Namespaces, run_as: RunAs) -> Facts {
         Facts {

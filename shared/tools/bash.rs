@@ -14,8 +14,13 @@
 //!   the worker bash's exit status over a socket pair and watches that socket: when the
 //!   worker closes its end, or dies however it dies (kill -9 included, since the kernel closes
 //!   a dead process's sockets), the keeper SIGKILLs every process under it, reaps them, and
-//!   exits. Bash itself gets `PR_SET_PDEATHSIG` = SIGKILL against the keeper, and runs in its
-//!   own process group.
+//!   exits. Bash itself gets `PR_SET_PDEATHSIG` = SIGKILL against the keeper, and runs in a
+//!   session of its own (`setsid`): its own process group, and no controlling terminal, so
+//!   that no command can type into the terminal the team was started from (finding N6), in
+//!   every sandbox mode.
+//! - **Limits.** Each command's process sets its resource limits and an `oom_score_adj` of
+//!   1000 before it execs bash (see [`crate::sandbox::Limits`]), in every sandbox mode; the
+//!   keeper and the worker keep theirs.
 //! - **Bounded reads.** Output is read with poll(2): until both pipes reach EOF, for at most
 //!   [`GRACE`] after bash has exited (a background job or a daemon may hold the pipes as long
 //!   as it lives), and never past the timeout.
@@ -115,10 +120,11 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    let limits = sandbox.rlimits();
     // SAFETY: the closure runs in the child of a fork of a multi-threaded process; it makes
-    // only async-signal-safe system calls (clone, prctl, setpgid, execvpe, open, read, write,
-    // close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built before the
-    // fork.
+    // only async-signal-safe system calls (clone, prctl, setsid, setrlimit, execvpe, open,
+    // read, write, close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built
+    // before the fork.
     unsafe {
         let plan = confined.as_ref().map(|c| c.plan.clone());
         let ruleset = confined
@@ -127,7 +133,7 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
             .map_or(-1, |fd| fd.as_raw_fd());
         cmd.pre_exec(move || {
             let sandbox = plan.as_deref().map(|plan| Confinement { plan, ruleset });
-            start_keeper(&exec, keeper_fd, sandbox)
+            start_keeper(&exec, keeper_fd, sandbox, &limits)
         });
     }
     let mut keeper = match cmd.spawn() {
@@ -343,6 +349,31 @@ mod tests {
             out.content
         );
         assert!(out.content.ends_with("[exit code 3]"));
+    }
+
+    /// N6 and the limits hold with no sandbox at all: a session of its own, no terminal, the
+    /// default limits (the process limit only as root here: otherwise it is not set).
+    #[test]
+    fn a_command_has_its_own_session_and_its_limits_unsandboxed() {
+        let (_t, w) = wd();
+        let out = bash(
+            &w,
+            &Sandbox::off(),
+            &json!({"command": "read -r _ _ _ _ _ sid tty _ < /proc/$$/stat; \
+                echo \"$$ $sid $tty\"; ulimit -n; ulimit -v; ulimit -t; \
+                cat /proc/self/oom_score_adj"}),
+            BASH_TIMEOUT,
+        );
+        let lines: Vec<&str> = out.content.lines().collect();
+        let ids: Vec<&str> = lines[0].split(' ').collect();
+        assert_eq!(ids[0], ids[1], "bash leads its session: {}", out.content);
+        assert_eq!(ids[2], "0", "no controlling terminal: {}", out.content);
+        assert_eq!(
+            lines[1..],
+            ["4096", "8388608", "600", "1000"],
+            "{}",
+            out.content
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use nix::errno::Errno;
 
 use super::bash::HIDDEN_ENV;
-use crate::sandbox::enter::{self, SETUP_FAILED, digits, say};
+use crate::sandbox::enter::{self, Rlimits, SETUP_FAILED, digits, say};
 use crate::sandbox::plan::{Namespaces, Plan};
 
 /// `bash -c COMMAND` with the worker's environment minus [`HIDDEN_ENV`], as the C strings
@@ -75,12 +75,14 @@ pub(super) struct Confinement<'a> {
     pub ruleset: RawFd,
 }
 
-/// In the forked child: becomes the keeper and starts bash, confined by `sandbox` when given.
-/// Never returns in the keeper (it `_exit`s), nor in bash (it execs or `_exit`s).
+/// In the forked child: becomes the keeper and starts bash, confined by `sandbox` when given
+/// and under `limits` in any case. Never returns in the keeper (it `_exit`s), nor in bash (it
+/// execs or `_exit`s).
 pub(super) fn start_keeper(
     exec: &Exec,
     link: RawFd,
     sandbox: Option<Confinement<'_>>,
+    limits: &Rlimits,
 ) -> std::io::Result<()> {
     // SAFETY: async-signal-safe calls on plain integers and on memory built before the fork.
     unsafe {
@@ -92,7 +94,7 @@ pub(super) fn start_keeper(
         if let Some(sb) = sandbox
             && sb.plan.ns != Namespaces::None
         {
-            namespaced(exec, link, me, sb)
+            namespaced(exec, link, me, sb, limits)
         }
         // A raw clone rather than fork(3): glibc's fork runs atfork handlers and takes
         // malloc's locks, which a thread of the worker that does not exist in this copy may
@@ -103,12 +105,11 @@ pub(super) fn start_keeper(
             libc::_exit(127);
         }
         if bash == 0 {
-            libc::setpgid(0, 0);
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             if libc::getppid() != me {
                 libc::_exit(127);
             }
-            run_bash(exec, sandbox)
+            run_bash(exec, sandbox, limits, true)
         }
         keep(me, bash, link, true)
     }
@@ -123,13 +124,32 @@ unsafe fn clone(flags: libc::c_ulong) -> libc::pid_t {
     unsafe { libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) as libc::pid_t }
 }
 
-/// In bash's own process: confines it, then execs bash.
+/// In bash's own process: gives it a session of its own, its limits (and, with `oom`, its
+/// `oom_score_adj`: a namespace's init has it already), confines it, then execs bash.
+///
+/// The session makes bash the leader of a new process group, which the keeper kills, and
+/// leaves it without a controlling terminal, in every sandbox mode, `off` included: opening
+/// `/dev/tty` fails with ENXIO, and nothing a command does can reach the terminal `lead run`
+/// was started from (TIOCSTI works only on one's own controlling terminal, and a session
+/// leader cannot take one that another session holds).
 ///
 /// # Safety
 /// Only in the forked child that becomes bash.
-unsafe fn run_bash(exec: &Exec, sandbox: Option<Confinement<'_>>) -> ! {
+unsafe fn run_bash(
+    exec: &Exec,
+    sandbox: Option<Confinement<'_>>,
+    limits: &Rlimits,
+    oom: bool,
+) -> ! {
     // SAFETY: async-signal-safe calls on memory built before the fork.
     unsafe {
+        if libc::setsid() < 0 {
+            say(b"troupe-sandbox: setsid failed\n");
+            libc::_exit(SETUP_FAILED);
+        }
+        if enter::set_limits(limits).is_err() || (oom && enter::oom_first(0).is_err()) {
+            libc::_exit(SETUP_FAILED);
+        }
         if let Some(sb) = sandbox
             && enter::confine(sb.plan, sb.ruleset).is_err()
         {
@@ -163,7 +183,13 @@ fn report(link: RawFd, status: i32) {
 ///
 /// # Safety
 /// Only in the keeper.
-unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<'_>) -> ! {
+unsafe fn namespaced(
+    exec: &Exec,
+    link: RawFd,
+    me: libc::pid_t,
+    sb: Confinement<'_>,
+    limits: &Rlimits,
+) -> ! {
     // SAFETY: async-signal-safe calls on plain integers and memory built before the fork.
     unsafe {
         let setup_failed = || -> ! {
@@ -210,10 +236,15 @@ unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<
             }
             libc::prctl(libc::PR_SET_DUMPABLE, 0);
             libc::close(sync[0]);
-            init_main(exec, link, sb)
+            init_main(exec, link, sb, limits)
         }
         libc::close(sync[0]);
-        if user != 0 && enter::write_maps(sb.plan, init).is_err() {
+        // The init's oom_score_adj, which everything in the namespace inherits, is written
+        // here: a root keeper makes it the floor too (see `enter::oom_first`), and with a user
+        // namespace the init is still dumpable, so an unprivileged keeper may write it.
+        if (user != 0 && enter::write_maps(sb.plan, init).is_err())
+            || enter::oom_first(init).is_err()
+        {
             libc::kill(init, libc::SIGKILL);
             libc::waitpid(init, std::ptr::null_mut(), 0);
             setup_failed();
@@ -231,7 +262,7 @@ unsafe fn namespaced(exec: &Exec, link: RawFd, me: libc::pid_t, sb: Confinement<
 ///
 /// # Safety
 /// Only in the namespace's init.
-unsafe fn init_main(exec: &Exec, link: RawFd, sb: Confinement<'_>) -> ! {
+unsafe fn init_main(exec: &Exec, link: RawFd, sb: Confinement<'_>, limits: &Rlimits) -> ! {
     // SAFETY: async-signal-safe calls on plain integers and memory built before the fork.
     unsafe {
         if enter::mount_all(sb.plan).is_err() {
@@ -245,8 +276,7 @@ unsafe fn init_main(exec: &Exec, link: RawFd, sb: Confinement<'_>) -> ! {
             libc::_exit(127);
         }
         if bash == 0 {
-            libc::setpgid(0, 0);
-            run_bash(exec, Some(sb))
+            run_bash(exec, Some(sb), limits, false)
         }
         to_dev_null();
         if sb.ruleset >= 0 {
