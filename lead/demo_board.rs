@@ -209,6 +209,7 @@ fn set_up_board(team: &TeamDir) -> anyhow::Result<()> {
         event: HookEvent::TaskCompleted,
         command: hook_command(),
         timeout_secs: Some(20),
+        sandbox: true,
     };
     Roster::new(team).update(move |c| {
         c.hooks = vec![hook];

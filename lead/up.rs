@@ -126,6 +126,13 @@ pub struct HookDecl {
     pub command: String,
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// `false`: runs outside the sandbox, as the supervisor's user (see [`Hook::sandbox`]).
+    #[serde(default = "yes")]
+    pub sandbox: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A file that does not parse or does not hold together: exit 2, nothing changed.
@@ -284,6 +291,7 @@ pub fn validate(
             event: h.event,
             command: h.command,
             timeout_secs: h.timeout_secs,
+            sandbox: h.sandbox,
         });
     }
     Ok(Plan {

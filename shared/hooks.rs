@@ -2,9 +2,11 @@
 //!
 //! A hook is declared in `config.json` (`hooks`, written by `lead up` from a team file or by
 //! hand) for one event: `teammate_idle`, `task_created` or `task_completed`. The supervisor runs
-//! it with `sh -c`, outside any sandbox (it is the user's code, not the model's), in the working
-//! dir of the member the event is about, with the event as one JSON document on stdin and a
-//! timeout. What its exit status means is [`outcome`]: 0 goes on, 2 blocks (the event's work is
+//! it with `sh -c` in the working dir of the member the event is about, with the event as one
+//! JSON document on stdin and a timeout, in the sandbox of that member's commands (or, for a
+//! task the lead or a person created, a sandbox of the team's working dir with no member): the
+//! command is the user's, but what it runs there (`cargo test`, a script in the tree) is what
+//! the model wrote. Only a hook marked `sandbox = false` runs outside. What its exit status means is [`outcome`]: 0 goes on, 2 blocks (the event's work is
 //! sent back with the hook's stderr), anything else is logged and ignored.
 
 use std::fmt;
@@ -62,9 +64,21 @@ pub struct Hook {
     pub event: HookEvent,
     /// Run with `sh -c`.
     pub command: String,
-    /// Killed (its whole process group) after this many seconds; default 60.
+    /// Killed (with everything it started) after this many seconds; default 60.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// Runs in the sandbox of the member the event is about (the default); `false` runs it as
+    /// the supervisor's user with nothing hidden, which the team file must say in so many words.
+    #[serde(default = "sandboxed", skip_serializing_if = "is_sandboxed")]
+    pub sandbox: bool,
+}
+
+fn sandboxed() -> bool {
+    true
+}
+
+fn is_sandboxed(b: &bool) -> bool {
+    *b
 }
 
 impl Hook {

@@ -1058,6 +1058,7 @@ mod tests {
                         event,
                         command: "true".into(),
                         timeout_secs: None,
+                        sandbox: true,
                     });
                 }
                 Ok(())

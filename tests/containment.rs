@@ -292,9 +292,13 @@ impl Scene {
         }
     }
 
+    /// `lead ARGS` with the team dir named absolutely (these tests are about git, not
+    /// paths: the tests above check the default layout).
     fn lead(&self, args: &[&str]) -> Command {
         let key = self.tmp.path().join("key");
-        lead_in(&self.repo, &self.url, key.to_str().unwrap(), args)
+        let mut c = lead_in(&self.repo, &self.url, key.to_str().unwrap(), &[]);
+        c.arg("--team-dir").arg(self.repo.join(".team")).args(args);
+        c
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -324,10 +328,12 @@ impl Scene {
             .push_for(&model, Reply::ok(anthropic_text("done")));
     }
 
-    fn run(&mut self) {
+    fn run(&mut self, extra: &[&str]) {
         let stderr = self.tmp.path().join("lead.stderr");
+        let mut args = vec!["run", "--stop-timeout", "1", "--kill-grace", "1"];
+        args.extend_from_slice(extra);
         self._sup = Some(Bg(self
-            .lead(&["run", "--stop-timeout", "1", "--kill-grace", "1"])
+            .lead(&args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(stderr).unwrap())
             .spawn()
@@ -388,12 +394,19 @@ fn secret_outside() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// N1 for `name`: its first activation runs `plant`; after its worker is killed and started
-/// again, a command reads a file outside every grant, and cannot.
+/// again, a command reads a file outside every grant, and cannot. Without a worktree the team
+/// works in a plain dir (no repository: nothing of git is granted there).
 fn planted_grants_grant_nothing(worktree: bool, plant: &str) {
     let (_outside, secret) = secret_outside();
     let mut scene = Scene::new();
+    let plain = scene.tmp.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
     scene.spawn("alice", worktree, &[plant]);
-    scene.run();
+    if worktree {
+        scene.run(&[]);
+    } else {
+        scene.run(&["--workdir", plain.to_str().unwrap()]);
+    }
     scene.idle_after("alice", 2);
     scene.restart("alice");
     let read = format!("cat {} 2>&1; echo READ=$?", secret.display());
@@ -411,12 +424,21 @@ fn planted_grants_grant_nothing(worktree: bool, plant: &str) {
 }
 
 #[test]
-fn a_planted_git_file_grants_nothing_to_a_member_in_the_main_tree() {
-    // The repository's own `.git` cannot be replaced; a sub-directory's can be made.
+fn a_planted_git_file_grants_nothing_to_a_member_without_a_worktree() {
     planted_grants_grant_nothing(
         false,
         "mkdir -p fake && echo / > fake/commondir && echo \"gitdir: $PWD/fake\" > .git; \
-         echo \"gitdir: $PWD/fake\" > sub/.git; echo planted",
+         echo planted=$?",
+    );
+}
+
+#[test]
+fn a_planted_git_file_with_a_relative_path_grants_nothing_either() {
+    // Another shape: a relative gitdir, a commondir climbing out with `..`.
+    planted_grants_grant_nothing(
+        false,
+        "mkdir -p a/b && printf '../../../../../../../../..\\n' > a/b/commondir && \
+         echo 'gitdir: a/b' > .git; echo planted=$?",
     );
 }
 
@@ -443,7 +465,7 @@ fn a_planted_git_dir_runs_nothing_when_lead_status_looks_at_the_worktree() {
          printf '%s\\n' \"$PWD/.g\" > \"$(git rev-parse --git-dir)/commondir\"; echo commondir=$?"
     );
     scene.spawn("alice", true, &[&plant]);
-    scene.run();
+    scene.run(&[]);
     scene.idle_after("alice", 2);
     let planted = scene.results("alice").join("\n");
     for _ in 0..2 {
@@ -498,7 +520,7 @@ fn the_main_trees_git_dir_is_read_only_to_commands() {
     ];
     let attack: Vec<&str> = attack.iter().map(String::as_str).collect();
     scene.spawn("bob", false, &attack);
-    scene.run();
+    scene.run(&[]);
     scene.idle_after("bob", attack.len() + 1);
     let all = scene.results("bob").join("\n");
     for what in ["hook", "config", "info", "move", "replace"] {
@@ -532,4 +554,50 @@ fn the_main_trees_git_dir_is_read_only_to_commands() {
     );
     git_ok(&repo, &["status", "--short"]);
     assert!(!marker.exists(), "the person's git ran the model's code");
+}
+
+/// N5: a hook the user declared runs a script in the working dir that the model rewrote: it
+/// runs in the member's sandbox, so it cannot reach the team dir, and gets no
+/// `TROUPE_TEAM_DIR`; a hook marked `sandbox = false` still runs as the supervisor's user.
+#[test]
+fn a_hook_runs_the_models_script_in_the_members_sandbox() {
+    let mut scene = Scene::new();
+    let team = scene.repo.join(".team");
+    let outside = scene.tmp.path().join("unsandboxed-hook-ran");
+    let script = format!(
+        "printf '%s\\n' '#!/bin/sh' \
+         'echo \"TEAM=${{TROUPE_TEAM_DIR:-unset}}\" > hook.out' \
+         'ls {team}/inbox {team}/transcripts >> hook.out 2>&1' \
+         'echo forged > {team}/OWNED-BY-MODEL; echo \"write=$?\" >> hook.out' \
+         'exit 0' > check.sh && chmod +x check.sh && echo WROTE",
+        team = team.display()
+    );
+    scene.spawn("alice", false, &[&script]);
+    // The hooks, as a person writes them into config.json (raw JSON: a field the user may
+    // write by hand).
+    let config = team.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    cfg["hooks"] = json!([
+        {"event": "teammate_idle", "command": "./check.sh"},
+        {"event": "teammate_idle", "command": format!("touch {}", outside.display()), "sandbox": false},
+    ]);
+    std::fs::write(&config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    scene.run(&[]);
+    scene.idle_after("alice", 2);
+    let out = scene.repo.join("hook.out");
+    let text = wait_until(T, "the hook's output", || {
+        std::fs::read_to_string(&out)
+            .ok()
+            .filter(|t| t.contains("write="))
+    });
+    assert!(
+        !team.join("OWNED-BY-MODEL").exists(),
+        "the hook wrote into the team dir: {text}"
+    );
+    assert!(text.contains("TEAM=unset"), "{text}");
+    assert!(!text.contains("write=0"), "{text}");
+    for f in ["alice.jsonl", "lead.jsonl"] {
+        assert!(!text.contains(f), "the hook listed the team dir: {text}");
+    }
+    wait_until(T, "the unsandboxed hook", || outside.exists().then_some(()));
 }

@@ -51,6 +51,7 @@ fn hook(event: HookEvent, command: String) -> Hook {
         event,
         command,
         timeout_secs: Some(20),
+        sandbox: true,
     }
 }
 
@@ -151,8 +152,8 @@ fn a_completion_hook_that_exits_2_sends_the_task_back_once() {
     let fake = Arc::new(FakeLlm::start([]).patient(T));
     let url = fake.url();
     spawn_amy(&team, &url);
-    let mark = team.tmp.path().join("failed-once");
-    let log = team.tmp.path().join("stdin.jsonl");
+    let mark = team.workdir.join("failed-once");
+    let log = team.workdir.join("stdin.jsonl");
     set_hooks(
         &team,
         vec![hook(
@@ -233,8 +234,8 @@ fn events_without_a_supervisor_are_hooked_when_lead_run_starts() {
     let team = Team::new();
     let fake = Arc::new(FakeLlm::start([]).patient(T));
     let url = fake.url();
-    let created_log = team.tmp.path().join("created.jsonl");
-    let completed_log = team.tmp.path().join("completed.jsonl");
+    let created_log = team.workdir.join("created.jsonl");
+    let completed_log = team.workdir.join("completed.jsonl");
     set_hooks(
         &team,
         vec![
@@ -315,8 +316,8 @@ fn an_idle_hook_that_exits_2_keeps_the_teammate_working() {
     .output()
     .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mark = team.tmp.path().join("idle-once");
-    let log = team.tmp.path().join("idle.jsonl");
+    let mark = team.workdir.join("idle-once");
+    let log = team.workdir.join("idle.jsonl");
     set_hooks(
         &team,
         vec![hook(

@@ -444,6 +444,7 @@ fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
                 event: troupe::hooks::HookEvent::TeammateIdle,
                 command: format!("pwd > {}", hook_cwd.display()),
                 timeout_secs: None,
+                sandbox: true,
             }];
             Ok(())
         })

@@ -10,18 +10,22 @@
 //! still there, and the mark goes with it: a hook runs at least once per event, and again only
 //! if the supervisor dies between the hook's exit and the verdict.
 //!
-//! A hook runs with `sh -c` in its own process group, outside any sandbox, in the working dir of
-//! the member the event is about, with the event as JSON on stdin and the API key variables
-//! removed (its stderr may go to a model). A stop of the supervisor kills the running one; its
-//! event stays marked for the next start.
+//! A hook runs with `sh -c` in the working dir of the member the event is about, with the event
+//! as JSON on stdin, in that member's sandbox (the same as its commands': the team dir hidden,
+//! no key, `--sandbox-read/-write` applied), or in a sandbox of the team's working dir with no
+//! member for a task the lead or a person created; only a hook marked `sandbox = false` runs as
+//! the supervisor's user, in its own process group, with the API key variables removed (its
+//! stderr may go to a model). A stop of the supervisor kills the running one; its event stays
+//! marked for the next start.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -37,6 +41,7 @@ use troupe::hooks::{Hook, HookEvent, Outcome, outcome};
 use troupe::inbox::Durability;
 use troupe::mail::Stopped;
 use troupe::message::{Message, MessageType};
+use troupe::sandbox::{Sandbox, Settings as SandboxSettings};
 use troupe::tasks::{Task, TaskStatus, TaskStore};
 use troupe::teamdir::LEAD;
 
@@ -54,7 +59,12 @@ impl Hooks {
     /// Starts the thread for `team`, whose members work in `workdir` unless they have a dir of
     /// their own.
     /// On a bus, `host` is the supervisor's: a teammate's hooks run on its own host.
-    pub fn start(team: TeamDir, workdir: PathBuf, host: Option<String>) -> anyhow::Result<Hooks> {
+    pub fn start(
+        team: TeamDir,
+        workdir: PathBuf,
+        host: Option<String>,
+        sandbox: SandboxSettings,
+    ) -> anyhow::Result<Hooks> {
         let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
         wake_r.set_nonblocking(true)?;
         std::fs::create_dir_all(team.tasks_dir())?;
@@ -65,6 +75,8 @@ impl Hooks {
             workdir,
             host,
             stop: stop.clone(),
+            sandbox,
+            sandboxes: Mutex::new(HashMap::new()),
         };
         let handle = std::thread::Builder::new()
             .name("hooks".into())
@@ -92,6 +104,30 @@ struct Runner {
     workdir: PathBuf,
     host: Option<String>,
     stop: Arc<AtomicBool>,
+    /// The sandbox settings of `lead run`, which its workers get too.
+    sandbox: SandboxSettings,
+    /// Sandboxes prepared for hooks, by member and working dir, with the worktree record each
+    /// was prepared for.
+    sandboxes: Mutex<SandboxCache>,
+}
+
+type SandboxCache = HashMap<String, (Option<troupe::worktree::Worktree>, Arc<Sandbox>)>;
+
+/// Where a hook runs and what it is about.
+struct Place<'a> {
+    cwd: &'a Path,
+    member: Option<&'a str>,
+    worktree: Option<&'a troupe::worktree::Worktree>,
+    task: Option<&'a str>,
+}
+
+/// How a hook's process ended.
+struct Ended {
+    code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    stdout_bytes: usize,
+    stderr: String,
 }
 
 /// What one run of a hook came to.
@@ -325,15 +361,24 @@ impl Runner {
         member: Option<&str>,
         task: Option<&str>,
     ) -> Option<Ran> {
-        let cwd = member
-            .and_then(|m| cfg.member(m))
+        let record = member.and_then(|m| cfg.member(m));
+        let worktree = record.and_then(|m| m.worktree.clone());
+        let cwd = record
             .and_then(member_workdir)
             .unwrap_or_else(|| self.workdir.clone());
-        let mut doc = doc.clone();
-        doc["team_dir"] = json!(std::path::absolute(self.team.root()).ok());
-        let input = doc.to_string();
+        let at = Place {
+            cwd: &cwd,
+            member,
+            worktree: worktree.as_ref(),
+            task,
+        };
         for hook in cfg.hooks.iter().filter(|h| h.event == event) {
-            let ran = self.run_one(hook, &input, &cwd, member, task)?;
+            let mut doc = doc.clone();
+            // Only a hook outside the sandbox can reach the team dir.
+            if !hook.sandbox {
+                doc["team_dir"] = json!(self.team.root());
+            }
+            let ran = self.run_one(hook, &doc.to_string(), &at)?;
             if ran.outcome == Outcome::Block {
                 return Some(ran);
             }
@@ -344,28 +389,150 @@ impl Runner {
         })
     }
 
-    fn run_one(
+    fn run_one(&self, hook: &Hook, input: &str, at: &Place<'_>) -> Option<Ran> {
+        let started = Instant::now();
+        let ended = if hook.sandbox {
+            self.run_sandboxed(hook, input, at)
+        } else {
+            self.run_unsandboxed(hook, input, at)
+        };
+        let ended = match ended? {
+            Ok(e) => e,
+            Err(why) => {
+                self.log(hook, at, json!({"error": why}), started);
+                tracing::warn!("hook {:?} on {} not run: {why}", hook.command, hook.event);
+                return Some(Ran {
+                    outcome: Outcome::Ignored,
+                    stderr: String::new(),
+                });
+            }
+        };
+        let code = if ended.timed_out { None } else { ended.code };
+        let result = outcome(code);
+        let tail: String = ended.stderr.chars().take(2000).collect();
+        self.log(
+            hook,
+            at,
+            json!({
+                "code": code,
+                "signal": ended.signal,
+                "timed_out": ended.timed_out,
+                "sandbox": hook.sandbox,
+                "outcome": match result {
+                    Outcome::Proceed => "proceed",
+                    Outcome::Block => "block",
+                    Outcome::Ignored => "ignored",
+                },
+                "stderr": tail,
+                "stdout_bytes": ended.stdout_bytes,
+            }),
+            started,
+        );
+        if result == Outcome::Ignored {
+            tracing::warn!(
+                "hook {:?} on {} exited {}; ignored",
+                hook.command,
+                hook.event,
+                if ended.timed_out {
+                    format!("after its {} s timeout", hook.timeout().as_secs())
+                } else {
+                    code.map_or("on a signal".to_owned(), |c| format!("with {c}"))
+                }
+            );
+        }
+        Some(Ran {
+            outcome: result,
+            stderr: ended.stderr,
+        })
+    }
+
+    /// The sandbox of the member the event is about (or of the team's working dir with no
+    /// member), prepared once per member and place, as its worker prepares its own.
+    fn sandbox_for(&self, at: &Place<'_>) -> Arc<Sandbox> {
+        let name = at.member.unwrap_or("hooks");
+        let key = format!("{name}\0{}", at.cwd.display());
+        let mut cache = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((wt, sb)) = cache.get(&key)
+            && wt.as_ref() == at.worktree
+        {
+            return sb.clone();
+        }
+        let sb = Arc::new(Sandbox::prepare(
+            &self.sandbox,
+            at.cwd,
+            self.team.root(),
+            name,
+            at.worktree,
+        ));
+        cache.insert(key, (at.worktree.cloned(), sb.clone()));
+        sb
+    }
+
+    /// `sh -c COMMAND` in the member's sandbox, through the keeper its commands run under:
+    /// the team dir hidden, no key, no `TROUPE_TEAM_DIR`, everything it starts killed when it
+    /// ends or times out. `None`: stopped meanwhile.
+    fn run_sandboxed(
         &self,
         hook: &Hook,
         input: &str,
-        cwd: &Path,
-        member: Option<&str>,
-        task: Option<&str>,
-    ) -> Option<Ran> {
+        at: &Place<'_>,
+    ) -> Option<Result<Ended, String>> {
+        let sb = self.sandbox_for(at);
+        let mut env = vec![(
+            "TROUPE_HOOK_EVENT".to_owned(),
+            hook.event.as_str().to_owned(),
+        )];
+        if let Some(m) = at.member {
+            env.push(("TROUPE_MEMBER".to_owned(), m.to_owned()));
+        }
+        if let Some(t) = at.task {
+            env.push(("TROUPE_TASK_ID".to_owned(), t.to_owned()));
+        }
+        let stopped = || self.stopped();
+        let r = troupe::tools::confined::run_confined(&troupe::tools::confined::Confined {
+            sandbox: &sb,
+            workdir: at.cwd,
+            command: &hook.command,
+            env: &env,
+            stdin: input.as_bytes(),
+            timeout: hook.timeout(),
+            stop: &stopped,
+        });
+        if r.stopped {
+            return None;
+        }
+        if let Some(e) = r.error {
+            return Some(Err(e));
+        }
+        Some(Ok(Ended {
+            code: r.code,
+            signal: r.signal,
+            timed_out: r.timed_out,
+            stdout_bytes: r.stdout.len(),
+            stderr: String::from_utf8_lossy(&r.stderr[..r.stderr.len().min(OUTPUT_CAP)])
+                .into_owned(),
+        }))
+    }
+
+    /// `sh -c COMMAND` as the supervisor's user, in its own process group (a hook the team
+    /// file marks `sandbox = false`). `None`: stopped meanwhile.
+    fn run_unsandboxed(
+        &self,
+        hook: &Hook,
+        input: &str,
+        at: &Place<'_>,
+    ) -> Option<Result<Ended, String>> {
         let started = Instant::now();
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(&hook.command)
-            .current_dir(cwd)
+            .current_dir(at.cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .env("TROUPE_HOOK_EVENT", hook.event.as_str())
-            .env(
-                "TROUPE_TEAM_DIR",
-                std::path::absolute(self.team.root()).unwrap_or_default(),
-            )
+            .env("TROUPE_TEAM_DIR", self.team.root())
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_API_KEY")
             .env_remove(troupe::bus::PASSWORD_ENV)
@@ -373,21 +540,15 @@ impl Runner {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");
-        if let Some(m) = member {
+        if let Some(m) = at.member {
             cmd.env("TROUPE_MEMBER", m);
         }
-        if let Some(t) = task {
+        if let Some(t) = at.task {
             cmd.env("TROUPE_TASK_ID", t);
         }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
-            Err(e) => {
-                self.log(hook, member, task, json!({"error": e.to_string()}), started);
-                return Some(Ran {
-                    outcome: Outcome::Ignored,
-                    stderr: String::new(),
-                });
-            }
+            Err(e) => return Some(Err(e.to_string())),
         };
         let pgid = Pid::from_raw(child.id() as i32);
         let feed = child.stdin.take().map(|mut w| {
@@ -427,59 +588,18 @@ impl Runner {
                 .unwrap_or_default()
         };
         let (stdout, stderr) = (text(out), text(err));
-        let code = if timed_out {
-            None
-        } else {
-            status.and_then(|s| s.code())
-        };
-        let result = outcome(code);
-        let tail: String = stderr.chars().take(2000).collect();
-        self.log(
-            hook,
-            member,
-            task,
-            json!({
-                "code": code,
-                "signal": status.and_then(|s| s.signal()),
-                "timed_out": timed_out,
-                "outcome": match result {
-                    Outcome::Proceed => "proceed",
-                    Outcome::Block => "block",
-                    Outcome::Ignored => "ignored",
-                },
-                "stderr": tail,
-                "stdout_bytes": stdout.len(),
-            }),
-            started,
-        );
-        if result == Outcome::Ignored {
-            tracing::warn!(
-                "hook {:?} on {} exited {}; ignored",
-                hook.command,
-                hook.event,
-                if timed_out {
-                    format!("after its {} s timeout", hook.timeout().as_secs())
-                } else {
-                    code.map_or("on a signal".to_owned(), |c| format!("with {c}"))
-                }
-            );
-        }
-        Some(Ran {
-            outcome: result,
+        Some(Ok(Ended {
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            timed_out,
+            stdout_bytes: stdout.len(),
             stderr,
-        })
+        }))
     }
 
-    fn log(
-        &self,
-        hook: &Hook,
-        member: Option<&str>,
-        task: Option<&str>,
-        more: Value,
-        started: Instant,
-    ) {
+    fn log(&self, hook: &Hook, at: &Place<'_>, more: Value, started: Instant) {
         let mut fields = json!({
-            "hook": hook.event, "command": hook.command, "member": member, "task": task,
+            "hook": hook.event, "command": hook.command, "member": at.member, "task": at.task,
             "ms": started.elapsed().as_millis() as u64,
         });
         if let (Value::Object(f), Value::Object(m)) = (&mut fields, more) {

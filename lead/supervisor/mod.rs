@@ -308,6 +308,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         sup.team.clone(),
         sup.workdir.clone(),
         sup.host().map(str::to_owned),
+        sup.args.sandbox.clone(),
     )?;
     // Ready: the lock is held and every member that should run has been started.
     std::fs::write(

@@ -190,7 +190,7 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
 
 /// Waits for a keeper told to end (its kill rounds take about 3 s at most); one that does not
 /// end within 5 s is killed, which takes bash with it (its `PR_SET_PDEATHSIG`).
-fn end_keeper(keeper: &mut Child) {
+pub(super) fn end_keeper(keeper: &mut Child) {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(5) {
         if !matches!(keeper.try_wait(), Ok(None)) {
@@ -211,18 +211,18 @@ fn reap_kept() {
 
 /// What the keeper has said about bash so far.
 #[derive(Default)]
-struct Report {
+pub(super) struct Report {
     bytes: Vec<u8>,
     /// bash's wait status, once it has exited.
-    status: Option<i32>,
+    pub(super) status: Option<i32>,
     /// The keeper closed its end without a status: it was killed.
-    keeper_gone: bool,
+    pub(super) keeper_gone: bool,
 }
 
 impl Report {
     /// Reads what the keeper sent (without blocking); true once bash has exited or the
     /// keeper is gone.
-    fn check(&mut self, link: &OwnedFd) -> bool {
+    pub(super) fn check(&mut self, link: &OwnedFd) -> bool {
         let mut buf = [0u8; 16];
         while self.status.is_none() && !self.keeper_gone {
             match nix::unistd::read(link, &mut buf) {
@@ -255,7 +255,7 @@ const TICK: Duration = Duration::from_millis(20);
 /// `exited` first says bash has exited, and never past `deadline`. `link` (where the keeper
 /// reports bash's exit) wakes the wait until then. Reading goes on past the cap (kept: 4x
 /// [`super::OUTPUT_CAP`] bytes per pipe) so the command never blocks on a full pipe.
-fn collect(
+pub(super) fn collect(
     pipes: [Option<OwnedFd>; 2],
     link: std::os::fd::BorrowedFd<'_>,
     deadline: Instant,

@@ -29,11 +29,24 @@ pub(super) struct Exec {
 impl Exec {
     /// `tmpdir`, when set, is the command's `TMPDIR`.
     pub(super) fn new(command: &str, tmpdir: Option<&std::path::Path>) -> Result<Exec, String> {
+        Exec::with_env(command, tmpdir, &[], &[])
+    }
+
+    /// [`Exec::new`] with `extra` variables set (over the inherited ones) and `hide` removed
+    /// too.
+    pub(super) fn with_env(
+        command: &str,
+        tmpdir: Option<&std::path::Path>,
+        extra: &[(String, String)],
+        hide: &[&str],
+    ) -> Result<Exec, String> {
         let cstr = |b: &[u8]| CString::new(b).map_err(|_| "command contains a NUL byte".to_owned());
         let args = [cstr(b"bash")?, cstr(b"-c")?, cstr(command.as_bytes())?];
         let mut env = Vec::new();
         for (k, v) in std::env::vars_os() {
-            if HIDDEN_ENV.iter().any(|h| OsStr::new(h) == k) || (tmpdir.is_some() && k == "TMPDIR")
+            if HIDDEN_ENV.iter().chain(hide).any(|h| OsStr::new(h) == k)
+                || extra.iter().any(|(x, _)| OsStr::new(x) == k)
+                || (tmpdir.is_some() && k == "TMPDIR")
             {
                 continue;
             }
@@ -43,6 +56,9 @@ impl Exec {
             if let Ok(c) = CString::new(kv) {
                 env.push(c);
             }
+        }
+        for (k, v) in extra {
+            env.push(cstr(format!("{k}={v}").as_bytes())?);
         }
         if let Some(t) = tmpdir {
             let mut kv = b"TMPDIR=".to_vec();

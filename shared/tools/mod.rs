@@ -5,6 +5,7 @@
 //! agent that owns the state they touch (`crate::agent::teammate`, the lead).
 
 pub mod bash;
+pub mod confined;
 pub mod fs;
 mod keeper;
 pub mod tasks;
