@@ -9,7 +9,7 @@
 //!   `$CREDENTIALS_DIRECTORY` holding the credential copies), runs a worker whose commands
 //!   cannot read the credential sources in `/etc`, while the worker itself read its API key
 //!   from the credential. The units' stronger promise, `/etc/troupe` hidden from commands
-//!   whatever their uid may read, is written as a test too, ignored until the sandbox keeps it.
+//!   whatever their uid may read, is a test too.
 //!
 //! systemd is not PID 1 on these machines, so the unit's own namespaces and filters are not
 //! applied here: what is checked is what the offline tools and `setpriv` can show. Under
@@ -461,8 +461,6 @@ fn a_command_of_the_unit_cannot_read_the_credential_sources() {
 /// is hidden from commands whatever their uid may read; here the sources are readable by all
 /// (0644), so only the sandbox can keep them from the command.
 #[test]
-#[ignore = "needs the bash sandbox to hide /etc/troupe from commands (issue 22, Units); today \
-            a command reads there what its uid may"]
 fn etc_troupe_is_hidden_from_commands_whatever_their_uid_may_read() {
     if !can_setpriv() {
         return;

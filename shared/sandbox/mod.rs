@@ -100,6 +100,11 @@ pub struct Settings {
     /// A directory commands may also read (repeatable).
     #[arg(long = "sandbox-read", value_name = "DIR", value_parser = crate::fsutil::absolute_arg)]
     pub read: Vec<PathBuf>,
+    /// A file or directory commands may not see, whatever their user may read (repeatable;
+    /// `/etc/troupe` always is): where a unit's `LoadCredential=` or `EnvironmentFile=` sources
+    /// live.
+    #[arg(long = "sandbox-hide", value_name = "PATH", value_parser = crate::fsutil::absolute_arg)]
+    pub hide: Vec<PathBuf>,
     /// A directory commands may also write, such as a cache like ~/.cargo (repeatable).
     #[arg(long = "sandbox-write", value_name = "DIR", value_parser = crate::fsutil::absolute_arg)]
     pub write: Vec<PathBuf>,
@@ -119,12 +124,17 @@ impl Settings {
         let Settings {
             mode,
             read,
+            hide,
             write,
             user,
             limits,
         } = self;
         let mut args = vec!["--sandbox".to_owned(), mode.as_str().to_owned()];
-        for (flag, dirs) in [("--sandbox-read", read), ("--sandbox-write", write)] {
+        for (flag, dirs) in [
+            ("--sandbox-read", read),
+            ("--sandbox-hide", hide),
+            ("--sandbox-write", write),
+        ] {
             for d in dirs {
                 let d = d
                     .to_str()
@@ -222,6 +232,10 @@ fn device_access(dev: &Path, file_rw: BitFlags<AccessFs>) -> BitFlags<AccessFs> 
         file_rw
     }
 }
+
+/// Hidden from commands whenever it exists: where the shipped units keep their secrets
+/// (`LoadCredential=` sources), readable by root or the unit's user.
+const HIDDEN_ALWAYS: &str = "/etc/troupe";
 
 /// The uid and gid of `nobody` where the user database does not say.
 const NOBODY: (libc::uid_t, libc::gid_t) = (65534, 65534);
@@ -682,10 +696,20 @@ fn probe_all(
             (p, flags)
         })
         .collect();
-    let key_files: Vec<PathBuf> = crate::llm::key_files()
+    // What is hidden whatever the command's uid may read: key files, `/etc/troupe` (the shipped
+    // units' secret sources) and `--sandbox-hide`.
+    let (mut key_files, mut hidden_dirs): (Vec<PathBuf>, Vec<PathBuf>) = (Vec::new(), Vec::new());
+    for p in crate::llm::key_files()
         .into_iter()
-        .filter_map(|k| k.canonicalize().ok())
-        .collect();
+        .chain(std::iter::once(PathBuf::from(HIDDEN_ALWAYS)))
+        .chain(settings.hide.iter().cloned())
+    {
+        match p.canonicalize() {
+            Ok(c) if c.is_dir() => hidden_dirs.push(c),
+            Ok(c) => key_files.push(c),
+            Err(_) => {}
+        }
+    }
     let effective = abi_of(abi);
     let read = AccessFs::from_read(effective);
     let all = AccessFs::from_all(effective);
@@ -771,6 +795,7 @@ fn probe_all(
                 team_dir: team_dir.clone(),
                 tmp: tmp.clone(),
                 key_files: key_files.clone(),
+                hidden_dirs: hidden_dirs.clone(),
                 visible,
                 read_only: git
                     .common
@@ -821,6 +846,16 @@ fn probe_all(
                         missing.push(
                             "own /proc: other processes' environments are readable".to_owned(),
                         );
+                        if !hidden_dirs.is_empty() {
+                            missing.push(format!(
+                                "{} stays readable to commands (hiding needs a mount namespace)",
+                                hidden_dirs
+                                    .iter()
+                                    .map(|d| d.display().to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ));
+                        }
                         if !protect.is_empty() {
                             missing.push(
                                 "the working dir's .git stays writable (read-only binds need a \

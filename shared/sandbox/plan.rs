@@ -248,6 +248,9 @@ pub(crate) struct Facts {
     pub tmp: PathBuf,
     /// Key files that exist (covered by /dev/null).
     pub key_files: Vec<PathBuf>,
+    /// Dirs commands may not see, whatever their uid may read (`/etc/troupe`, where the units'
+    /// secrets come from, and `--sandbox-hide`): covered by an empty read-only tmpfs.
+    pub hidden_dirs: Vec<PathBuf>,
     /// Paths that must stay visible where they are (the working dir, the extra read and write
     /// dirs, the resolver configuration).
     pub visible: Vec<(PathBuf, bool)>,
@@ -437,6 +440,17 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
         data: Some(lit("mode=0555,size=4k")),
         skip_missing: true,
     });
+    for d in &f.hidden_dirs {
+        plan.late_mounts.push(Mount {
+            step: "covering a hidden dir",
+            source: Some(lit("tmpfs")),
+            target: cstr(d)?,
+            fstype: Some(lit("tmpfs")),
+            flags: libc::MS_RDONLY | nosuid,
+            data: Some(lit("mode=0555,size=4k")),
+            skip_missing: true,
+        });
+    }
     for k in &f.key_files {
         plan.late_mounts.push(Mount {
             step: "covering a key file",
@@ -497,6 +511,7 @@ mod tests {
             team_dir: "/tmp/demo/work/.team".into(),
             tmp: "/var/tmp/troupe-0/abc-alice".into(),
             key_files: vec!["/etc/troupe/key".into()],
+            hidden_dirs: vec!["/etc/troupe".into()],
             visible: vec![
                 ("/tmp/demo/work".into(), true),
                 ("/run/systemd/resolve/stub-resolv.conf".into(), false),
