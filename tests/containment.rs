@@ -47,7 +47,12 @@ fn git_ok(dir: &Path, args: &[&str]) -> String {
 
 /// A fresh git repository `repo` (one commit) in a temp dir, with a sub-directory `sub`.
 fn repository() -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
+    repository_in(&std::env::temp_dir())
+}
+
+/// [`repository`] in a temp dir under `base`.
+fn repository_in(base: &Path) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
     let repo = tmp.path().join("repo");
     std::fs::create_dir_all(repo.join("sub")).unwrap();
     git_ok(&repo, &["init", "-q", "-b", "main"]);
@@ -279,7 +284,11 @@ struct Scene {
 
 impl Scene {
     fn new() -> Scene {
-        let (tmp, repo) = repository();
+        Scene::new_in(&std::env::temp_dir())
+    }
+
+    fn new_in(base: &Path) -> Scene {
+        let (tmp, repo) = repository_in(base);
         std::fs::write(tmp.path().join("key"), "sk-test\n").unwrap();
         let fake = FakeLlm::start([]).patient(T);
         let url = fake.url();
@@ -600,4 +609,88 @@ fn a_hook_runs_the_models_script_in_the_members_sandbox() {
         assert!(!text.contains(f), "the hook listed the team dir: {text}");
     }
     wait_until(T, "the unsandboxed hook", || outside.exists().then_some(()));
+}
+
+/// N7: run as root, commands never run as uid 0. In a working dir only root may use (a 0700
+/// dir outside `/tmp`, as under `/root` or in most containers), they run as nobody through
+/// idmapped mounts: they write there, what they make belongs to the owner on disk, and root's
+/// 0600 files stay closed to them.
+#[test]
+fn as_root_commands_run_as_nobody_even_where_only_root_may_work() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: commands run as this user; nothing to check here");
+        return;
+    }
+    let base = if Path::new("/var/tmp").is_dir() {
+        PathBuf::from("/var/tmp")
+    } else {
+        std::env::temp_dir()
+    };
+    let mut scene = Scene::new_in(&base);
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    for d in [scene.tmp.path(), scene.repo.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let secret = scene.tmp.path().join("root-only");
+    std::fs::write(&secret, "ROOT-ONLY\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    scene.spawn(
+        "alice",
+        false,
+        &[
+            "echo \"UID=$(id -u)\"; echo made > sub/made.txt && echo wrote=$?; \
+           cat /etc/shadow > /dev/null 2>&1; echo shadow=$?",
+        ],
+    );
+    scene.run(&[]);
+    let m = scene.idle_after("alice", 2);
+    let all = scene.results("alice").join("\n");
+    assert!(
+        all.contains("UID=65534"),
+        "{all}\nsandbox: {}",
+        m["sandbox"]
+    );
+    assert!(all.contains("wrote=0"), "{all}");
+    if Path::new("/etc/shadow").exists() {
+        assert!(
+            all.contains("shadow=") && !all.contains("shadow=0"),
+            "{all}"
+        );
+    }
+    let made = std::fs::metadata(scene.repo.join("sub/made.txt")).unwrap();
+    assert_eq!(
+        made.uid(),
+        0,
+        "what the command made belongs to the owner on disk"
+    );
+    assert!(
+        m["sandbox"]["user"]
+            .as_str()
+            .is_some_and(|u| u.contains("65534")),
+        "{}",
+        m["sandbox"]
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        assert_eq!(m["sandbox"]["active"], true, "{}", m["sandbox"]);
+    }
+}
+
+/// N7: `--sandbox-user root` is refused: `lead run` exits 78 and says how to proceed.
+#[test]
+fn as_root_lead_run_refuses_to_run_commands_as_root() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: --sandbox-user does not apply");
+        return;
+    }
+    let scene = Scene::new();
+    let o = scene
+        .lead(&["run", "--sandbox-user", "root"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("uid 0") && err.contains("--sandbox off"),
+        "{err}"
+    );
 }

@@ -240,6 +240,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     };
     // The flags handed to every worker must be expressible (UTF-8 paths).
     args.to_args()?;
+    refuse_root_commands(&args.sandbox, &workdir, &team)?;
     // A price file the workers could not read would fail every one of them: say so now.
     troupe::cost::PriceTable::load(args.prices.as_deref())?;
     let worker_exe = crate::worker_exe::resolve(&team)?;
@@ -555,6 +556,35 @@ impl Supervisor {
             .map(|t| t.saturating_duration_since(now))
             .min()
     }
+}
+
+/// As root, commands run as an unprivileged user (see `troupe::sandbox`), never as uid 0:
+/// where this machine cannot arrange that for the team's working dir, `lead run` refuses to
+/// start (exit 78) and says how to proceed, rather than start teammates whose `bash` refuses
+/// every command. `--sandbox off` is the person's own choice, and is not checked.
+fn refuse_root_commands(
+    settings: &troupe::sandbox::Settings,
+    workdir: &std::path::Path,
+    team: &TeamDir,
+) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() || settings.mode == troupe::sandbox::Mode::Off {
+        return Ok(());
+    }
+    let sb = troupe::sandbox::Sandbox::prepare(settings, workdir, team.root(), "lead-run", None);
+    let Some(why) = &sb.status().refused else {
+        return Ok(());
+    };
+    Err(crate::ExitError {
+        code: 78,
+        message: format!(
+            "running as root, commands must run as an unprivileged user, and that cannot be set \
+             up for {}: {why}. Run troupe as an unprivileged user that owns the working dir \
+             (the shipped units use User=troupe), or name one with --sandbox-user, or give that \
+             user the working dir; --sandbox off runs commands unsandboxed, as root",
+            workdir.display()
+        ),
+    }
+    .into())
 }
 
 #[cfg(test)]

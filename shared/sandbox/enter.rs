@@ -12,7 +12,7 @@ use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
-use super::plan::{Keep, Mount, Plan, Rule};
+use super::plan::{Idmap, Keep, Mount, Plan, Rule};
 
 /// The exit code of a command whose sandbox could not be set up.
 pub const SETUP_FAILED: i32 = 125;
@@ -81,12 +81,34 @@ fn fd_path(buf: &mut [u8; 64], fd: RawFd) -> &CStr {
 }
 
 /// In the keeper, before it clones the namespace's init: drops supplementary groups (root
-/// only; the command must not keep root's groups).
+/// only; the command must not keep root's groups), and makes the plan's idmapped mounts in a
+/// mount namespace of the keeper's own, which the init's copies (an idmapped mount of a disk's
+/// file system needs privilege in the initial user namespace, which the init of a user
+/// namespace has not; and what is kept of an idmapped tree is bound back idmapped).
 pub(crate) fn before_clone(plan: &Plan) -> Result<(), ()> {
     if plan.clear_groups {
         // SAFETY: setgroups with an empty list.
         if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
             return fail(b"setgroups");
+        }
+    }
+    if let Some(id) = &plan.idmap {
+        // SAFETY: unshare/mount on integers and literals; idmap_all as documented.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return fail(b"a mount namespace for the idmapped mounts");
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return fail(b"making the mount tree private");
+            }
+            idmap_all(id)?;
         }
     }
     Ok(())
@@ -258,6 +280,151 @@ unsafe fn bind_back(fd: RawFd, k: &Keep) -> Result<(), ()> {
         }
     }
     Ok(())
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// At most this many trees are idmapped (the working dir, what git writes, their ancestors).
+pub(crate) const MAX_IDMAP: usize = 16;
+
+/// Replaces each of `id.targets` by an idmapped bind of itself. In the keeper, which is real
+/// root in a mount namespace of its own (an idmapped mount of a disk's file system needs
+/// privilege over the user namespace the file system belongs to: the initial one).
+///
+/// The mapping comes from a user namespace made for it: a child that only waits, whose maps
+/// the init writes and whose namespace it holds by descriptor. Every tree is cloned before
+/// any is mounted, so a target below another is cloned from the tree as it is on disk.
+///
+/// # Safety
+/// Only in the keeper (whose `/proc` is that of its PID namespace).
+unsafe fn idmap_all(id: &Idmap) -> Result<(), ()> {
+    // SAFETY: clone/pipe/open/read/write/close/waitpid and the mount syscalls, on integers
+    // and NUL-terminated strings built before the fork.
+    unsafe {
+        let mut sync = [-1; 2];
+        if libc::pipe2(sync.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return fail(b"a pipe for the idmap");
+        }
+        let child = libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0,
+            0,
+            0,
+            0,
+        ) as libc::pid_t;
+        if child == 0 {
+            libc::close(sync[1]);
+            let mut b = [0u8; 1];
+            libc::read(sync[0], b.as_mut_ptr().cast(), 1);
+            libc::_exit(0);
+        }
+        libc::close(sync[0]);
+        let done = |ok: Result<(), ()>| {
+            libc::close(sync[1]);
+            if child > 0 {
+                libc::waitpid(child, std::ptr::null_mut(), 0);
+            }
+            ok
+        };
+        if child < 0 {
+            return done(fail(b"making the idmap's user namespace"));
+        }
+        let (d, n) = digits(child as u64);
+        let d = &d[..n];
+        let mut buf = [0u8; 64];
+        if write_file(
+            join(&mut buf, &[b"/proc/", d, b"/uid_map"]),
+            id.uid_map.as_bytes(),
+            b"the idmap's uid map",
+        )
+        .is_err()
+            || write_file(
+                join(&mut buf, &[b"/proc/", d, b"/gid_map"]),
+                id.gid_map.as_bytes(),
+                b"the idmap's gid map",
+            )
+            .is_err()
+        {
+            return done(Err(()));
+        }
+        let ns = libc::open(
+            join(&mut buf, &[b"/proc/", d, b"/ns/user"]).as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if ns < 0 {
+            return done(fail(b"opening the idmap's user namespace"));
+        }
+        let done = done(Ok(()));
+        let mut trees = [-1 as RawFd; MAX_IDMAP];
+        let mut ok = done.is_ok();
+        for (slot, t) in trees.iter_mut().zip(&id.targets) {
+            if !ok {
+                break;
+            }
+            let fd = libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+            ) as RawFd;
+            if fd < 0 {
+                failed(b"cloning a tree to idmap");
+                ok = false;
+                break;
+            }
+            *slot = fd;
+            let attr = MountAttr {
+                attr_set: MOUNT_ATTR_IDMAP,
+                attr_clr: 0,
+                propagation: 0,
+                userns_fd: ns as u64,
+            };
+            if libc::syscall(
+                libc::SYS_mount_setattr,
+                fd,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            ) != 0
+            {
+                failed(b"idmapping a tree (does its file system support idmapped mounts?)");
+                ok = false;
+            }
+        }
+        for (fd, t) in trees.iter().zip(&id.targets) {
+            if ok
+                && libc::syscall(
+                    libc::SYS_move_mount,
+                    *fd,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    t.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ) != 0
+            {
+                failed(b"mounting an idmapped tree");
+                ok = false;
+            }
+            if *fd >= 0 {
+                libc::close(*fd);
+            }
+        }
+        libc::close(ns);
+        if ok { Ok(()) } else { Err(()) }
+    }
 }
 
 /// Binds `p` onto itself and remounts that read-only. A path gone since the worker started is

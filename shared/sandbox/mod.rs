@@ -384,8 +384,13 @@ impl Sandbox {
 
     /// The uid and gid commands run as when that is another user than this process's (troupe
     /// run as root): the owner the file tools give what they make, so commands can change it.
+    /// With idmapped mounts files keep their owner on disk (the command sees them as its own):
+    /// `None`.
     pub fn owner(&self) -> Option<(libc::uid_t, libc::gid_t)> {
-        self.plan.as_ref().and_then(|p| p.switch_to)
+        self.plan
+            .as_ref()
+            .filter(|p| p.idmap.is_none())
+            .and_then(|p| p.switch_to)
     }
 
     /// What the next command runs in; `Ok(None)` when unsandboxed.
@@ -528,6 +533,76 @@ fn may_work_in(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> bool {
             .all(|a| std::fs::metadata(a).is_ok_and(|m| allows(&m, 0o1)))
 }
 
+/// What must be idmapped for `uid`/`gid` to work in `workdir` (and the git dirs and extra dirs
+/// it writes): the owner of the working dir, and the trees of that owner the user may not
+/// use, with the ancestors it may not pass through, outermost first. Ancestors under `/tmp`
+/// need none: the kept paths there get fresh parents in the private `/tmp`.
+#[allow(clippy::type_complexity)]
+fn idmap_targets(
+    workdir: &Path,
+    git: &[PathBuf],
+    writes: &[PathBuf],
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+) -> Result<((libc::uid_t, libc::gid_t), Vec<PathBuf>), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(workdir)
+        .map_err(|e| format!("working dir {}: {e}", workdir.display()))?;
+    let owner = (meta.uid(), meta.gid());
+    let passes = |m: &std::fs::Metadata| {
+        let mode = m.mode();
+        let bits = if m.uid() == uid {
+            mode >> 6
+        } else if m.gid() == gid {
+            mode >> 3
+        } else {
+            mode
+        };
+        bits & 1 == 1
+    };
+    let mut targets: Vec<PathBuf> = Vec::new();
+    for d in std::iter::once(workdir)
+        .chain(git.iter().map(PathBuf::as_path))
+        .chain(writes.iter().map(PathBuf::as_path))
+    {
+        if may_work_in(d, uid, gid) {
+            continue;
+        }
+        let m = std::fs::metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        if (m.uid(), m.gid()) != owner {
+            return Err(format!(
+                "{} belongs to uid {} and the working dir to uid {}: commands run as uid {uid} \
+                 can be given one owner's files only",
+                d.display(),
+                m.uid(),
+                owner.0
+            ));
+        }
+        for a in d.ancestors().skip(1) {
+            if a.starts_with("/tmp") || a.starts_with("/run") {
+                break;
+            }
+            let am = std::fs::metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
+            if passes(&am) || targets.iter().any(|t| t == a) {
+                continue;
+            }
+            if am.uid() != owner.0 {
+                return Err(format!(
+                    "uid {uid} may not pass through {}, which belongs to uid {}",
+                    a.display(),
+                    am.uid()
+                ));
+            }
+            targets.push(a.to_path_buf());
+        }
+        if !targets.iter().any(|t| t == d) {
+            targets.push(d.to_path_buf());
+        }
+    }
+    targets.sort_by_key(|t| t.components().count());
+    Ok((owner, targets))
+}
+
 /// The flags of the mount holding `path` that a remount in a user namespace must keep
 /// (`nosuid`, `nodev`, `noexec` and the atime ones), as `mount(2)` flags.
 fn locked_mount_flags(path: &Path) -> libc::c_ulong {
@@ -605,13 +680,9 @@ fn probe(sb: &Sandbox, workdir: &Path) -> Probe {
     }
 }
 
-fn describe_user(run_as: RunAs, ns: Namespaces, name: Option<&str>) -> String {
+fn describe_user(run_as: RunAs, name: Option<&str>) -> String {
     match run_as {
         RunAs::Own { uid, .. } => format!("uid {uid}, without capabilities"),
-        RunAs::RootNoCaps if ns == Namespaces::UserPidMount => {
-            "root of its own user namespace, without capabilities".to_owned()
-        }
-        RunAs::RootNoCaps => "root without capabilities".to_owned(),
         RunAs::User { uid, .. } => format!("{} (uid {uid})", name.unwrap_or("user")),
     }
 }
@@ -645,9 +716,10 @@ fn probe_all(
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
     };
-    // Who to try, in order, and whether falling back past the first is allowed.
+    let mut failures_early: Vec<String> = Vec::new();
+    // Who commands run as: never uid 0. As root, an unprivileged user (nobody by default);
+    // where it may not use the working dir, through idmapped mounts of it.
     let mut users: Vec<(RunAs, Option<String>)> = Vec::new();
-    let mut auto = false;
     if !root {
         if settings.user.is_some() {
             missing.push("--sandbox-user applies only when troupe runs as root".to_owned());
@@ -655,19 +727,20 @@ fn probe_all(
         users.push((own, None));
     } else {
         match settings.user.as_deref() {
-            Some("root") | Some("0") => users.push((RunAs::RootNoCaps, None)),
+            Some("root") | Some("0") => failures_early.push(
+                "--sandbox-user root: commands never run as uid 0 (name an unprivileged user)"
+                    .to_owned(),
+            ),
             Some(u) => match lookup_user(u) {
+                Ok((0, _)) => failures_early.push(format!(
+                    "--sandbox-user {u} is uid 0: commands never run as uid 0"
+                )),
                 Ok((uid, gid)) => users.push((RunAs::User { uid, gid }, Some(u.to_owned()))),
-                Err(e) => {
-                    missing.push(e);
-                    users.push((RunAs::RootNoCaps, None));
-                }
+                Err(e) => failures_early.push(e),
             },
             None => {
                 let (uid, gid) = lookup_user("nobody").unwrap_or(NOBODY);
                 users.push((RunAs::User { uid, gid }, Some("nobody".to_owned())));
-                users.push((RunAs::RootNoCaps, None));
-                auto = true;
             }
         }
     }
@@ -714,28 +787,44 @@ fn probe_all(
     let read = AccessFs::from_read(effective);
     let all = AccessFs::from_all(effective);
     let file_rw = AccessFs::from_file(effective);
-    let mut failures: Vec<String> = Vec::new();
+    let mut failures: Vec<String> = failures_early;
     let mut user_note: Option<String> = None;
     for &ns in levels {
-        for (i, (run_as, uname)) in users.iter().enumerate() {
+        for (run_as, uname) in users.iter() {
             let owner = match run_as {
                 RunAs::User { uid, gid } => Some((*uid, *gid)),
                 _ => None,
             };
-            // A user the modes say cannot use the working dir is not worth a probe.
-            if auto
-                && i + 1 < users.len()
-                && let Some((uid, gid)) = owner
-                && !(may_work_in(&workdir, uid, gid)
-                    && git.writable.iter().all(|d| may_work_in(d, uid, gid)))
-            {
-                user_note = Some(format!(
-                    "{}: cannot enter or write the working dir (its modes); commands run as \
-                     root of their own user namespace, without capabilities",
-                    uname.as_deref().unwrap_or("user")
-                ));
-                continue;
-            }
+            // A user the modes say cannot use the working dir gets it through idmapped
+            // mounts, made by the (root) keeper in a namespace: not without one.
+            let idmap = match owner {
+                Some((uid, gid))
+                    if !std::iter::once(&workdir)
+                        .chain(&git.writable)
+                        .chain(&writes)
+                        .all(|d| may_work_in(d, uid, gid)) =>
+                {
+                    if ns == Namespaces::None {
+                        continue;
+                    }
+                    match idmap_targets(&workdir, &git.writable, &writes, uid, gid) {
+                        Ok(i) => {
+                            user_note = Some(format!(
+                                "{}: the working dir belongs to uid {}; commands run as uid {uid} \
+                                 through idmapped mounts of it (files keep their owner on disk)",
+                                uname.as_deref().unwrap_or("user"),
+                                (i.0).0
+                            ));
+                            Some(i)
+                        }
+                        Err(e) => {
+                            failures.push(e);
+                            continue;
+                        }
+                    }
+                }
+                _ => None,
+            };
             let tmp = match private_tmp(&team_dir, name, owner) {
                 Ok(t) => t,
                 Err(e) => {
@@ -796,6 +885,7 @@ fn probe_all(
                 tmp: tmp.clone(),
                 key_files: key_files.clone(),
                 hidden_dirs: hidden_dirs.clone(),
+                idmap,
                 visible,
                 read_only: git
                     .common
@@ -879,7 +969,7 @@ fn probe_all(
                         active: active && refused.is_none(),
                         landlock_abi: abi,
                         namespaces: ns.describe().to_owned(),
-                        user: describe_user(*run_as, ns, uname.as_deref()),
+                        user: describe_user(*run_as, uname.as_deref()),
                         team_dir_hidden,
                         tmp: Some(tmp),
                         missing,
@@ -890,13 +980,6 @@ fn probe_all(
                         sb.plan = None;
                     }
                     return sb;
-                }
-                Probe::NoAccess(why) if auto && i + 1 < users.len() => {
-                    user_note = Some(format!(
-                        "{}: {why}; commands run as root of their own user namespace, without \
-                         capabilities",
-                        uname.as_deref().unwrap_or("user")
-                    ));
                 }
                 Probe::NoAccess(why) => {
                     failures.push(format!("{} {why}", uname.as_deref().unwrap_or("this user")));
@@ -913,7 +996,8 @@ fn probe_all(
         "no sandbox could be set up: {}",
         failures.join("; ")
     ));
-    let refused = (settings.mode == Mode::Required).then(|| missing.join("; "));
+    // As root, best effort never falls back to commands run as root with nothing around them.
+    let refused = (settings.mode == Mode::Required || root).then(|| missing.join("; "));
     Sandbox {
         status: Status {
             mode: settings.mode,

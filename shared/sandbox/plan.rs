@@ -188,6 +188,18 @@ pub(crate) struct Protect {
     pub flags: libc::c_ulong,
 }
 
+/// Idmapped binds: each target is replaced by a bind of itself through which files of the
+/// owner appear as the command's user's, and what the command creates lands on disk as the
+/// owner's (files keep their owners; nothing is chowned). `uid_map` and `gid_map` are the maps
+/// of the user namespace the mounts take their mapping from: `OWNER RUN 1`.
+#[derive(Debug)]
+pub(crate) struct Idmap {
+    pub uid_map: CString,
+    pub gid_map: CString,
+    /// Outermost first: the ancestors the command must pass through, then the trees.
+    pub targets: Vec<CString>,
+}
+
 /// A Landlock rule for a tree mounted inside the sandbox.
 #[derive(Debug)]
 pub(crate) struct Rule {
@@ -208,6 +220,10 @@ pub(crate) struct Plan {
     pub gid_map: String,
     /// Mounted first: the namespace's own `/proc`.
     pub early_mounts: Vec<Mount>,
+    /// Done by the keeper (real root) in a mount namespace of its own before it clones the
+    /// init: the trees an unprivileged command must write but whose owner is another user,
+    /// replaced by idmapped binds of themselves (see [`Idmap`]).
+    pub idmap: Option<Idmap>,
     /// Held open before `cover_mounts`, bound back after them.
     pub keep: Vec<Keep>,
     /// Trees replaced: `/tmp` by the private temp dir, `/run` and `/dev/shm` by empty tmpfs.
@@ -234,9 +250,7 @@ pub(crate) struct Plan {
 pub(crate) enum RunAs {
     /// The worker's own (non-root) user.
     Own { uid: libc::uid_t, gid: libc::gid_t },
-    /// Root of its own user namespace, mapped to root, without any capability.
-    RootNoCaps,
-    /// An unprivileged user, switched to from root.
+    /// An unprivileged user, switched to from root (commands never run as uid 0).
     User { uid: libc::uid_t, gid: libc::gid_t },
 }
 
@@ -250,6 +264,10 @@ pub(crate) struct Facts {
     pub tmp: PathBuf,
     /// Key files that exist (covered by /dev/null).
     pub key_files: Vec<PathBuf>,
+    /// Owner (uid, gid) of the trees to idmap onto the command's user, and those trees with the
+    /// ancestors it must pass through, outermost first (see [`Idmap`]); only with
+    /// [`RunAs::User`], where the keeper is real root.
+    pub idmap: Option<((libc::uid_t, libc::gid_t), Vec<PathBuf>)>,
     /// Dirs commands may not see, whatever their uid may read (`/etc/troupe`, where the units'
     /// secrets come from, and `--sandbox-hide`): covered by an empty read-only tmpfs.
     pub hidden_dirs: Vec<PathBuf>,
@@ -297,15 +315,6 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
                 false,
                 namespaced,
             ),
-            (RunAs::RootNoCaps, _) => (
-                true,
-                false,
-                "0 0 1\n".to_owned(),
-                "0 0 1\n".to_owned(),
-                None,
-                false,
-                true,
-            ),
             (RunAs::User { uid, gid }, ns) => (
                 true,
                 false,
@@ -325,6 +334,7 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
         uid_map,
         gid_map,
         early_mounts: Vec::new(),
+        idmap: None,
         keep: Vec::new(),
         cover_mounts: Vec::new(),
         protect: Vec::new(),
@@ -353,6 +363,22 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
         access: f.proc_access,
         skip_missing: false,
     });
+    if let Some(((uid, gid), targets)) = &f.idmap {
+        let RunAs::User { uid: ru, gid: rg } = f.run_as else {
+            return Err("idmapped mounts are for a user switched to from root".to_owned());
+        };
+        if targets.len() > super::enter::MAX_IDMAP {
+            return Err(format!(
+                "more than {} trees to idmap",
+                super::enter::MAX_IDMAP
+            ));
+        }
+        plan.idmap = Some(Idmap {
+            uid_map: lit(&format!("{uid} {ru} 1\n")),
+            gid_map: lit(&format!("{gid} {rg} 1\n")),
+            targets: targets.iter().map(|p| cstr(p)).collect::<Result<_, _>>()?,
+        });
+    }
     let mut covered: Vec<&Path> = Vec::new();
     if f.has_tmp {
         plan.cover_mounts.push(Mount {
@@ -514,6 +540,7 @@ mod tests {
             tmp: "/var/tmp/troupe-0/abc-alice".into(),
             key_files: vec!["/etc/troupe/key".into()],
             hidden_dirs: vec!["/etc/troupe".into()],
+            idmap: None,
             visible: vec![
                 ("/tmp/demo/work".into(), true),
                 ("/run/systemd/resolve/stub-resolv.conf".into(), false),
@@ -531,7 +558,14 @@ mod tests {
 
     #[test]
     fn paths_under_replaced_trees_are_bound_back_with_their_parents() {
-        let p = build(&facts(Namespaces::UserPidMount, RunAs::RootNoCaps)).unwrap();
+        let p = build(&facts(
+            Namespaces::UserPidMount,
+            RunAs::User {
+                uid: 65534,
+                gid: 65534,
+            },
+        ))
+        .unwrap();
         let keep: Vec<_> = p
             .keep
             .iter()
@@ -554,7 +588,13 @@ mod tests {
 
     #[test]
     fn a_read_only_path_is_remounted_so_and_what_lies_below_is_bound_after_it() {
-        let mut f = facts(Namespaces::UserPidMount, RunAs::RootNoCaps);
+        let mut f = facts(
+            Namespaces::UserPidMount,
+            RunAs::User {
+                uid: 65534,
+                gid: 65534,
+            },
+        );
         f.visible = vec![
             ("/tmp/r/.git/objects".into(), true),
             ("/tmp/r/.git".into(), true),
