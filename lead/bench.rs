@@ -68,6 +68,9 @@ pub struct BenchArgs {
     /// Run only the inbox sections (throughput and wake-up latency).
     #[arg(long)]
     inbox_only: bool,
+    /// Run only the sandbox section (the bash round trip, sandboxed and not).
+    #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only"])]
+    sandbox_only: bool,
     /// Messages each writer process appends in the Redis throughput runs.
     #[arg(long, default_value_t = 20_000)]
     redis_messages: u64,
@@ -205,13 +208,18 @@ fn run_in(
     scratch: &Path,
     started: Instant,
 ) -> anyhow::Result<Value> {
-    if a.prompt_cache_only {
+    if a.prompt_cache_only || a.sandbox_only {
+        let (key, value) = if a.sandbox_only {
+            ("bash", section(bash_round_trip(scratch)))
+        } else {
+            ("prompt_cache", section(prompt_cache(exe, scratch)))
+        };
         let mut doc = json!({
             "machine": machine(scratch),
             "git_commit": git_commit(),
             "git_dirty": git_dirty(),
-            "prompt_cache": section(prompt_cache(exe, scratch)),
         });
+        doc[key] = value;
         doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
         return Ok(doc);
     }

@@ -683,12 +683,17 @@ fn as_root_lead_run_refuses_to_run_commands_as_root() {
         return;
     }
     let scene = Scene::new();
-    let o = scene
+    let stderr = scene.tmp.path().join("run.stderr");
+    let mut run = Bg(scene
         .lead(&["run", "--sandbox-user", "root"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(78), "{err}");
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap());
+    // A lead run that starts anyway is killed when `run` is dropped, after the wait fails.
+    let status = wait_until(T, "lead run to exit", || run.0.try_wait().unwrap());
+    let err = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert_eq!(status.code(), Some(78), "{err}");
     assert!(
         err.contains("uid 0") && err.contains("--sandbox off"),
         "{err}"

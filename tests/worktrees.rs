@@ -436,13 +436,13 @@ fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
     assert!(wt.join("kept.txt").exists());
     // The dir removed by hand: the supervisor re-adds it on the branch before starting cat.
     std::fs::remove_dir_all(&wt).unwrap();
-    // cat's hooks run in its worktree too.
-    let hook_cwd = team.tmp.path().join("hook_cwd");
+    // cat's hooks run in its worktree too (in its sandbox: they may write there).
+    let hook_cwd = wt.join("hook_cwd");
     troupe::config::Roster::new(&team.dir)
         .update(|c| {
             c.hooks = vec![troupe::hooks::Hook {
                 event: troupe::hooks::HookEvent::TeammateIdle,
-                command: format!("pwd > {}", hook_cwd.display()),
+                command: "pwd > hook_cwd".to_owned(),
                 timeout_secs: None,
                 sandbox: true,
             }];

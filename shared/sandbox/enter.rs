@@ -8,7 +8,7 @@
 //! [`SETUP_FAILED`]: a command never runs with less confinement than its plan says.
 
 use std::ffi::CStr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 
@@ -282,6 +282,51 @@ unsafe fn bind_back(fd: RawFd, k: &Keep) -> Result<(), ()> {
     Ok(())
 }
 
+/// A user namespace with `uid_map` and `gid_map`, held by descriptor, for idmapped mounts to
+/// take their mapping from: made once per sandbox, in the worker (a child that only waits
+/// gets the namespace; its maps are written, the namespace opened, and the child ends).
+pub(crate) fn idmap_userns(uid_map: &CStr, gid_map: &CStr) -> Result<OwnedFd, String> {
+    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: a raw clone without CLONE_VM: the child, a copy with this one thread, only
+    // reads a pipe and exits (async-signal-safe); the parent writes files and waits for it.
+    unsafe {
+        let mut sync = [-1; 2];
+        if libc::pipe2(sync.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(err("a pipe for the idmap"));
+        }
+        let child = libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0,
+            0,
+            0,
+            0,
+        ) as libc::pid_t;
+        if child == 0 {
+            libc::close(sync[1]);
+            let mut b = [0u8; 1];
+            libc::read(sync[0], b.as_mut_ptr().cast(), 1);
+            libc::_exit(0);
+        }
+        libc::close(sync[0]);
+        let made = if child < 0 {
+            Err(err("a user namespace for the idmap"))
+        } else {
+            let proc = |f: &str| format!("/proc/{child}/{f}");
+            std::fs::write(proc("uid_map"), uid_map.to_bytes())
+                .and_then(|()| std::fs::write(proc("gid_map"), gid_map.to_bytes()))
+                .and_then(|()| std::fs::File::open(proc("ns/user")))
+                .map(OwnedFd::from)
+                .map_err(|e| format!("the idmap's user namespace: {e}"))
+        };
+        libc::close(sync[1]);
+        if child > 0 {
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        made
+    }
+}
+
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
 struct MountAttr {
@@ -302,73 +347,20 @@ pub(crate) const MAX_IDMAP: usize = 16;
 /// root in a mount namespace of its own (an idmapped mount of a disk's file system needs
 /// privilege over the user namespace the file system belongs to: the initial one).
 ///
-/// The mapping comes from a user namespace made for it: a child that only waits, whose maps
-/// the init writes and whose namespace it holds by descriptor. Every tree is cloned before
-/// any is mounted, so a target below another is cloned from the tree as it is on disk.
+/// The mapping is that of the user namespace [`idmap_userns`] made when the sandbox was
+/// prepared. Every tree is cloned before any is mounted, so a target below another is cloned
+/// from the tree as it is on disk.
 ///
 /// # Safety
-/// Only in the keeper (whose `/proc` is that of its PID namespace).
+/// Only in the keeper.
 unsafe fn idmap_all(id: &Idmap) -> Result<(), ()> {
-    // SAFETY: clone/pipe/open/read/write/close/waitpid and the mount syscalls, on integers
-    // and NUL-terminated strings built before the fork.
+    let Some(ns) = id.userns.as_ref().map(|f| f.as_raw_fd()) else {
+        return fail(b"idmapping without its user namespace");
+    };
+    // SAFETY: the mount syscalls on integers and NUL-terminated strings built before the fork.
     unsafe {
-        let mut sync = [-1; 2];
-        if libc::pipe2(sync.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return fail(b"a pipe for the idmap");
-        }
-        let child = libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
-            0,
-            0,
-            0,
-            0,
-        ) as libc::pid_t;
-        if child == 0 {
-            libc::close(sync[1]);
-            let mut b = [0u8; 1];
-            libc::read(sync[0], b.as_mut_ptr().cast(), 1);
-            libc::_exit(0);
-        }
-        libc::close(sync[0]);
-        let done = |ok: Result<(), ()>| {
-            libc::close(sync[1]);
-            if child > 0 {
-                libc::waitpid(child, std::ptr::null_mut(), 0);
-            }
-            ok
-        };
-        if child < 0 {
-            return done(fail(b"making the idmap's user namespace"));
-        }
-        let (d, n) = digits(child as u64);
-        let d = &d[..n];
-        let mut buf = [0u8; 64];
-        if write_file(
-            join(&mut buf, &[b"/proc/", d, b"/uid_map"]),
-            id.uid_map.as_bytes(),
-            b"the idmap's uid map",
-        )
-        .is_err()
-            || write_file(
-                join(&mut buf, &[b"/proc/", d, b"/gid_map"]),
-                id.gid_map.as_bytes(),
-                b"the idmap's gid map",
-            )
-            .is_err()
-        {
-            return done(Err(()));
-        }
-        let ns = libc::open(
-            join(&mut buf, &[b"/proc/", d, b"/ns/user"]).as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        );
-        if ns < 0 {
-            return done(fail(b"opening the idmap's user namespace"));
-        }
-        let done = done(Ok(()));
         let mut trees = [-1 as RawFd; MAX_IDMAP];
-        let mut ok = done.is_ok();
+        let mut ok = true;
         for (slot, t) in trees.iter_mut().zip(&id.targets) {
             if !ok {
                 break;
@@ -422,7 +414,6 @@ unsafe fn idmap_all(id: &Idmap) -> Result<(), ()> {
                 libc::close(*fd);
             }
         }
-        libc::close(ns);
         if ok { Ok(()) } else { Err(()) }
     }
 }

@@ -900,7 +900,12 @@ fn probe_all(
                 proc_access: (AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::WriteFile).bits(),
                 shm_access: all.bits(),
             };
-            let plan = match plan::build(&facts) {
+            let plan = match plan::build(&facts).and_then(|mut p| {
+                if let Some(id) = p.idmap.as_mut() {
+                    id.userns = Some(enter::idmap_userns(&id.uid_map, &id.gid_map)?);
+                }
+                Ok(p)
+            }) {
                 Ok(p) => p,
                 Err(e) => {
                     failures.push(e);

@@ -198,6 +198,9 @@ pub(crate) struct Idmap {
     pub gid_map: CString,
     /// Outermost first: the ancestors the command must pass through, then the trees.
     pub targets: Vec<CString>,
+    /// The user namespace with those maps (made by the worker once the plan is built: see
+    /// [`super::enter::idmap_userns`]).
+    pub userns: Option<std::os::fd::OwnedFd>,
 }
 
 /// A Landlock rule for a tree mounted inside the sandbox.
@@ -377,6 +380,7 @@ pub(crate) fn build(f: &Facts) -> Result<Plan, String> {
             uid_map: lit(&format!("{uid} {ru} 1\n")),
             gid_map: lit(&format!("{gid} {rg} 1\n")),
             targets: targets.iter().map(|p| cstr(p)).collect::<Result<_, _>>()?,
+            userns: None,
         });
     }
     let mut covered: Vec<&Path> = Vec::new();

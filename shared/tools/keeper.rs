@@ -7,7 +7,7 @@
 //! allocation, no locks.
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::errno::Errno;
@@ -105,7 +105,11 @@ pub(super) fn start_keeper(
         let me = libc::getpid();
         // Nothing inherited but the pipes (0-2), the link and the ruleset: not the spawn's
         // error pipe (spawn() waits for it to close), not another command's socket.
-        close_from(3, [link, sandbox.map_or(-1, |s| s.ruleset)]);
+        let idmap_ns = sandbox
+            .and_then(|s| s.plan.idmap.as_ref())
+            .and_then(|i| i.userns.as_ref())
+            .map_or(-1, |f| f.as_raw_fd());
+        close_from(3, [link, sandbox.map_or(-1, |s| s.ruleset), idmap_ns]);
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
         if let Some(sb) = sandbox
             && sb.plan.ns != Namespaces::None
@@ -334,23 +338,15 @@ unsafe fn to_dev_null() {
 ///
 /// # Safety
 /// Only in a forked child: it closes descriptors other code may think it owns.
-unsafe fn close_from(from: RawFd, keep: [RawFd; 2]) {
-    let [a, b] = if keep[0] <= keep[1] {
-        keep
-    } else {
-        [keep[1], keep[0]]
-    };
-    // SAFETY: plain syscalls on integers.
-    unsafe {
-        let ranges = [
-            (from, a - 1),
-            (from.max(a + 1), b - 1),
-            (from.max(b + 1), libc::c_int::MAX),
-        ];
-        for (lo, hi) in ranges {
-            if lo > hi {
-                continue;
-            }
+unsafe fn close_from<const N: usize>(from: RawFd, mut keep: [RawFd; N]) {
+    // In place: no allocation.
+    keep.sort_unstable();
+    let close = |lo: RawFd, hi: RawFd| {
+        if lo > hi {
+            return;
+        }
+        // SAFETY: plain syscalls on integers.
+        unsafe {
             if libc::syscall(
                 libc::SYS_close_range,
                 lo as libc::c_uint,
@@ -364,7 +360,15 @@ unsafe fn close_from(from: RawFd, keep: [RawFd; 2]) {
                 }
             }
         }
+    };
+    let mut lo = from;
+    for k in keep {
+        if k >= lo {
+            close(lo, k - 1);
+            lo = k + 1;
+        }
     }
+    close(lo, libc::c_int::MAX);
 }
 
 /// The keeper's life: reports bash's wait status on `link`, reaps whatever is re-parented to
