@@ -42,6 +42,10 @@ const USAGE: &str = r#"{"input_tokens":3,"output_tokens":2}"#;
 /// `--sandbox-cpu` and `--sandbox-nofile`.
 const DEFAULTS: [u64; 4] = [1024, 8 * 1024 * 1024, 600, 4096];
 
+/// The workers' HTTP timeout: longer than the fake server's patience, so that a model call
+/// waiting for this test's next reply is never given up and retried (its reply would be lost).
+const LLM_TIMEOUT: &str = "120";
+
 /// `lead run` with short stop timeouts and `extra` flags, as `uid` when given, its output in
 /// logs beside the working dir; its commands time out after `bash_timeout`.
 fn run(site: &Site, url: &str, extra: &[&str], uid: Option<u32>, bash_timeout: u64) -> Bg {
@@ -49,6 +53,7 @@ fn run(site: &Site, url: &str, extra: &[&str], uid: Option<u32>, bash_timeout: u
     args.extend_from_slice(extra);
     let mut c = site.lead(url, &args);
     c.env("TROUPE_BASH_TIMEOUT_SECS", bash_timeout.to_string())
+        .env("TROUPE_LLM_TIMEOUT_SECS", LLM_TIMEOUT)
         .stdout(site.log("lead.stdout"))
         .stderr(site.log("lead.stderr"));
     if let Some(uid) = uid {
@@ -177,7 +182,8 @@ fn no_terminal(mode: &str) {
     )
     .unwrap();
     let typescript = tmp.join("typescript");
-    let lead = site.lead(&url, &[]);
+    let mut lead = site.lead(&url, &[]);
+    lead.env("TROUPE_LLM_TIMEOUT_SECS", LLM_TIMEOUT);
     let mut script = Command::new("script");
     script
         .arg("-qec")
@@ -510,6 +516,10 @@ fn fork_bomb(layout: Layout) {
     let counter = Counter::start(marker.clone());
     let t0 = Instant::now();
     let id = push_bash(&fake, "m-amy", &bomb);
+    // amy's next turns are queued now, so that no model call of hers waits on this test (a
+    // call that waits longer than the worker's HTTP timeout is retried, and its reply lost).
+    let after = push_bash(&fake, "m-amy", "echo amy-answers");
+    fake.push_for("m-amy", Reply::ok(anthropic_text("Done.")));
     let mut problems = Vec::new();
     // Meanwhile: the bomb has started, `lead status` answers, bob runs a command.
     if !within(T, || counter.most() >= BOMB_NPROC / 2) {
@@ -530,6 +540,7 @@ fn fork_bomb(layout: Layout) {
         counter.most()
     );
     let alive_bob = bash_call(&fake, "m-bob", "echo bob-answers", T);
+    fake.push_for("m-bob", Reply::ok(anthropic_text("Done.")));
     if !alive_bob.contains("bob-answers") {
         problems.push(format!("bob's command during the bomb: {alive_bob}"));
     }
@@ -571,12 +582,14 @@ fn fork_bomb(layout: Layout) {
             problems.push(format!("{who} (pid {pid}) died"));
         }
     }
-    let after = bash_call(&fake, "m-amy", "echo amy-answers", T);
+    let after = wait_until(T, "amy's command after the bomb", || {
+        tool_result(&fake, "m-amy", &after)
+    });
     if !after.contains("amy-answers") {
         problems.push(format!("amy's next command: {after}"));
     }
-    finish(&site, &fake, "amy", "m-amy");
-    finish(&site, &fake, "bob", "m-bob");
+    site.wait_status("amy", "idle");
+    site.wait_status("bob", "idle");
     problems.extend(stop(&mut lead.0, "lead run"));
     assert!(
         problems.is_empty(),
