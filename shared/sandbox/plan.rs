@@ -587,7 +587,8 @@ mod tests {
             p.late_mounts[0].target.to_str().unwrap(),
             "/tmp/demo/work/.team"
         );
-        assert_eq!(p.late_mounts[1].target.to_str().unwrap(), "/etc/troupe/key");
+        assert_eq!(p.late_mounts[1].target.to_str().unwrap(), "/etc/troupe");
+        assert_eq!(p.late_mounts[2].target.to_str().unwrap(), "/etc/troupe/key");
     }
 
     #[test]
