@@ -240,10 +240,10 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     };
     // The flags handed to every worker must be expressible (UTF-8 paths).
     args.to_args()?;
-    refuse_root_commands(&args.sandbox, &workdir, &team)?;
     // A price file the workers could not read would fail every one of them: say so now.
     troupe::cost::PriceTable::load(args.prices.as_deref())?;
     let worker_exe = crate::worker_exe::resolve(&team)?;
+    refuse_root_commands(&args.sandbox, &workdir, &team)?;
     let signals = Arc::new(AtomicUsize::new(0));
     let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
     wake_r.set_nonblocking(true)?;
@@ -570,7 +570,8 @@ fn refuse_root_commands(
     if !nix::unistd::geteuid().is_root() || settings.mode == troupe::sandbox::Mode::Off {
         return Ok(());
     }
-    let sb = troupe::sandbox::Sandbox::prepare(settings, workdir, team.root(), "lead-run", None);
+    let sb =
+        troupe::sandbox::Sandbox::prepare_quietly(settings, workdir, team.root(), "lead-run", None);
     let Some(why) = &sb.status().refused else {
         return Ok(());
     };

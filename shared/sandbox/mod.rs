@@ -297,9 +297,7 @@ impl Sandbox {
             sb.status.notes.extend(sb.nproc_note());
             return sb;
         }
-        let git = crate::worktree::GitDirs::for_member(workdir, worktree);
-        let mut sb = probe_all(settings, workdir, team_dir, name, &git);
-        sb.status.notes.extend(sb.nproc_note());
+        let sb = Sandbox::prepare_quietly(settings, workdir, team_dir, name, worktree);
         let st = &sb.status;
         if let Some(r) = &st.refused {
             tracing::error!("sandbox required but unavailable ({r}): bash will not run commands");
@@ -308,6 +306,20 @@ impl Sandbox {
         } else {
             tracing::warn!("sandbox {}", st.describe());
         }
+        sb
+    }
+
+    /// [`Sandbox::prepare`] without a word in the log (for a check before the team starts).
+    pub fn prepare_quietly(
+        settings: &Settings,
+        workdir: &Path,
+        team_dir: &Path,
+        name: &str,
+        worktree: Option<&crate::worktree::Worktree>,
+    ) -> Sandbox {
+        let git = crate::worktree::GitDirs::for_member(workdir, worktree);
+        let mut sb = probe_all(settings, workdir, team_dir, name, &git);
+        sb.status.notes.extend(sb.nproc_note());
         sb
     }
 
