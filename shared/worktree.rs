@@ -365,10 +365,21 @@ impl GitDirs {
         let branch = |root: &str| common.join(root).join(&wt.branch);
         let mut writable = vec![common.join("objects")];
         // The branch's own dir: `troupe/NAME` lives in `refs/heads/troupe`, so that dir (the
-        // finest a commit can be granted: git replaces a ref by renaming a lock file beside it).
+        // finest a commit can be granted: git replaces a ref by renaming a lock file beside
+        // it), with every other member's branch and reflog there bound read-only on top.
         for root in ["refs/heads", "logs/refs/heads"] {
-            if let Some(parent) = branch(root).parent() {
-                writable.push(parent.to_path_buf());
+            let own = branch(root);
+            let Some(parent) = own.parent() else {
+                continue;
+            };
+            writable.push(parent.to_path_buf());
+            if let Ok(entries) = std::fs::read_dir(parent) {
+                dirs.read_only.extend(
+                    entries
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| *p != own && !p.to_string_lossy().ends_with(".lock")),
+                );
             }
         }
         writable.retain(|d| d.is_dir());

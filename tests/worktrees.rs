@@ -259,9 +259,13 @@ fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
             model,
             call(
                 "tu_config",
-                "git config user.name evil; echo \"config=$?\"; \
-                 echo 'exit 0' > \"$(git rev-parse --git-common-dir)/hooks/pre-commit\"; \
-                 echo \"hooks=$?\"",
+                &format!(
+                    "git config user.name evil; echo \"config=$?\"; \
+                     echo 'exit 0' > \"$(git rev-parse --git-common-dir)/hooks/pre-commit\"; \
+                     echo \"hooks=$?\"; git update-ref refs/heads/troupe/{other} HEAD; \
+                     echo \"sibling=$?\"; git update-ref refs/heads/main HEAD; echo \"main=$?\"",
+                    other = if name == "alice" { "bob" } else { "alice" }
+                ),
             ),
         );
         fake.push_for(model, Reply::ok(anthropic_text("committed")));
@@ -313,6 +317,12 @@ fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
             !second.contains("hooks=0") && second.contains("hooks="),
             "{name}'s write into .git/hooks was not refused: {second}"
         );
+        for what in ["sibling", "main"] {
+            assert!(
+                !second.contains(&format!("{what}=0")) && second.contains(&format!("{what}=")),
+                "{name} could move another branch ({what}): {second}"
+            );
+        }
         assert_eq!(
             git_ok(&repo, &["show", &format!("troupe/{name}:same.txt")]),
             format!("{name}\n")
