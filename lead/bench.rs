@@ -23,6 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use troupe::{eprintln, println};
 
 use anyhow::{Context, bail};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};

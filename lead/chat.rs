@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use troupe::{eprintln, print, println};
 
 use anyhow::Context;
 use nix::sys::signal::{Signal, kill};

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use troupe::{eprintln, println};
 
 use anyhow::Context;
 use serde_json::{Value, json};

@@ -42,6 +42,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
+use troupe::{eprintln, println};
 
 use anyhow::Context;
 use serde_json::Value;

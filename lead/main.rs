@@ -27,6 +27,7 @@ mod worker_exe;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use troupe::eprintln;
 
 use clap::{Parser, Subcommand};
 
@@ -143,6 +144,8 @@ fn main() -> ExitCode {
         .init();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
+        // The reader of the output went away (`lead logs NAME | head`): a quiet end.
+        Err(e) if troupe::out::is_broken_pipe(&e) => ExitCode::from(troupe::out::EXIT_PIPE),
         Err(e) => {
             eprintln!("lead: {e:#}");
             ExitCode::from(exit_code(&e))

@@ -23,6 +23,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use troupe::{print, println};
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};

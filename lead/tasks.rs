@@ -3,6 +3,7 @@
 //! document on stdout; refusals exit with the library's codes (3 unknown id, 4 refused).
 
 use std::path::Path;
+use troupe::println;
 
 use serde_json::json;
 use troupe::config::Roster;

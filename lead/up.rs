@@ -26,6 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use troupe::println;
 
 use anyhow::Context;
 use serde::Deserialize;

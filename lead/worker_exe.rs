@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use troupe::eprintln;
 
 use anyhow::Context;
 use nix::sys::signal::{Signal, killpg};

@@ -20,6 +20,7 @@ pub mod llm;
 pub mod mail;
 pub mod message;
 pub mod ops;
+pub mod out;
 mod records;
 pub mod requests;
 pub mod sandbox;

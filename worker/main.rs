@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use troupe::{eprintln, println};
 
 use anyhow::Context;
 use clap::Parser;

@@ -2,6 +2,7 @@
 //! and `lead bench` start for themselves; each returns once the supervisor is ready.
 
 use super::*;
+use troupe::{eprintln, println};
 
 /// `lead run --detach`: starts the supervisor in the background (its own session, output to
 /// `logs/lead.log`) and returns once it is ready.

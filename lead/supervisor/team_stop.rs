@@ -2,6 +2,7 @@
 //! record `stopped`), and `lead stop`, which asks a supervisor for it from another shell.
 
 use super::*;
+use troupe::eprintln;
 
 impl Supervisor {
     /// Whether a member that exited 0 during a team stop had shut down for a request of the
