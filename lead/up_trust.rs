@@ -27,6 +27,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use troupe::TeamDir;
 use troupe::config::TeamConfig;
+use troupe::doc::Doc;
 
 use crate::ExitError;
 
@@ -74,7 +75,8 @@ pub struct Applied {
 
 /// `team-file.json`: what `lead up` applied, per team file (a team may be brought up from
 /// more than one), by the file's absolute path as given (not resolved: a file swapped for a
-/// symlink is still that path, changed).
+/// symlink is still that path, changed). A document of the team ([`troupe::doc`]): on a bus,
+/// one record for every host.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub files: BTreeMap<PathBuf, Applied>,
@@ -83,24 +85,34 @@ pub struct Record {
 impl Record {
     /// The team dir's record; empty when nothing was recorded (or the team dir is new).
     pub fn load(team: &TeamDir) -> anyhow::Result<Record> {
-        let path = team.team_file_record();
-        match troupe::fsutil::read_optional(&path)? {
-            None => Ok(Record::default()),
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .with_context(|| format!("failed to parse {}", path.display())),
-        }
+        let doc = Record::doc(team);
+        Ok(Record::parse(doc.read()?.as_deref(), &doc)?)
     }
 
     /// Records `applied` for `file`, unless that is what the record says already.
     pub fn store(team: &TeamDir, file: &Path, applied: Applied) -> anyhow::Result<()> {
-        let mut rec = Record::load(team)?;
-        if rec.files.get(file) == Some(&applied) {
-            return Ok(());
-        }
-        rec.files.insert(file.to_path_buf(), applied);
-        let path = team.team_file_record();
-        troupe::fsutil::atomic_write(&path, &serde_json::to_vec_pretty(&rec)?)?;
+        let doc = Record::doc(team);
+        doc.update(|bytes| {
+            let mut rec = Record::parse(bytes.as_deref(), &doc)?;
+            if rec.files.get(file) == Some(&applied) {
+                return Ok((None, ()));
+            }
+            rec.files.insert(file.to_path_buf(), applied);
+            let bytes = serde_json::to_vec_pretty(&rec).map_err(|e| doc.corrupt(e))?;
+            Ok((Some(bytes), ()))
+        })?;
         Ok(())
+    }
+
+    fn doc(team: &TeamDir) -> Doc<'_> {
+        Doc::new(team, "team-file")
+    }
+
+    /// The record in `bytes` (empty when there are none).
+    fn parse(bytes: Option<&[u8]>, doc: &Doc<'_>) -> troupe::Result<Record> {
+        bytes.map_or(Ok(Record::default()), |b| {
+            serde_json::from_slice(b).map_err(|e| doc.corrupt(e))
+        })
     }
 }
 

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bus;
 pub mod config;
 pub mod cost;
+pub mod doc;
 pub mod error;
 pub mod events;
 pub mod fsutil;

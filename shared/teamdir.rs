@@ -300,11 +300,6 @@ impl TeamDir {
     pub fn up_lock(&self) -> PathBuf {
         self.root.join("up.lock")
     }
-    /// `team-file.json`: what `lead up` applied from each team file (written under `up.lock`),
-    /// so that a file a teammate could have changed since is shown before it is applied again.
-    pub fn team_file_record(&self) -> PathBuf {
-        self.root.join("team-file.json")
-    }
     /// `transcripts/`.
     pub fn transcripts_dir(&self) -> PathBuf {
         self.root.join("transcripts")

@@ -369,3 +369,31 @@ fn a_team_file_places_members_on_hosts() {
         ]
     );
 }
+
+/// The record of what `lead up` applied is the team's own state, on the bus with the rest: no
+/// file in the host's team dir, and a team file in the project root changed since is refused
+/// (exit 5) from the record on the bus.
+#[test]
+fn the_record_of_applied_team_files_lives_on_the_bus() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus::new(&server, "record", scratch.path(), &[]);
+    let h = Host::new();
+    let file = h.team.parent().unwrap().join("team.toml");
+    let first = "[[members]]\nname = \"amy\"\nrole = \"r\"\nprompt = \"p\"\n";
+    std::fs::write(&file, first).unwrap();
+    ok(&bus.out(&h, &["up", file.to_str().unwrap()]));
+    assert!(
+        !h.team.join("team-file.json").exists(),
+        "the record is on the bus, not in the host's team dir"
+    );
+    std::fs::write(
+        &file,
+        format!("{first}\n[[hooks]]\nevent = \"teammate_idle\"\ncommand = \"true\"\n"),
+    )
+    .unwrap();
+    let o = bus.out(&h, &["up", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+}

@@ -146,7 +146,9 @@ fn snapshot(dir: &TeamDir) -> BTreeMap<String, Vec<u8>> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_none_or(|x| x != "lock") && p != dir.team_file_record() {
+            } else if p.extension().is_none_or(|x| x != "lock")
+                && p != dir.root().join("team-file.json")
+            {
                 let rel = p.strip_prefix(root).unwrap().display().to_string();
                 out.insert(rel, std::fs::read(&p).unwrap());
             }
