@@ -89,60 +89,13 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
             MAX_ARG_LEN - 1
         ));
     }
-    if let Some(why) = &sandbox.status().refused {
-        return ToolOutput::error(format!(
-            "not run: the sandbox is required (--sandbox required) but unavailable here: {why}"
-        ));
-    }
     reap_kept();
-    let confined = match sandbox.for_command() {
-        Ok(c) => c,
-        Err(e) => return ToolOutput::error(format!("not run: the sandbox failed: {e}")),
-    };
-    let tmpdir = confined.as_ref().and_then(|c| c.tmpdir.clone());
-    let exec = match Exec::new(command, tmpdir.as_deref()) {
-        Ok(e) => e,
+    let (mut keeper, link) = match start_confined(sandbox, wd.root(), Stdio::null(), |tmpdir| {
+        Exec::new(command, tmpdir)
+    }) {
+        Ok(k) => k,
         Err(e) => return ToolOutput::error(e),
     };
-    let (link, keeper_link) = match socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-    ) {
-        Ok(p) => p,
-        Err(e) => return ToolOutput::error(format!("failed to start bash: socketpair: {e}")),
-    };
-    let keeper_fd = keeper_link.as_raw_fd();
-    let mut cmd = Command::new("bash");
-    cmd.current_dir(wd.root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let limits = sandbox.rlimits();
-    // SAFETY: the closure runs in the child of a fork of a multi-threaded process; it makes
-    // only async-signal-safe system calls (clone, prctl, setsid, setrlimit, execvpe, open,
-    // read, write, close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built
-    // before the fork.
-    unsafe {
-        let plan = confined.as_ref().map(|c| c.plan.clone());
-        let ruleset = confined
-            .as_ref()
-            .and_then(|c| c.ruleset.as_ref())
-            .map_or(-1, |fd| fd.as_raw_fd());
-        cmd.pre_exec(move || {
-            let sandbox = plan.as_deref().map(|plan| Confinement { plan, ruleset });
-            start_keeper(&exec, keeper_fd, sandbox, &limits)
-        });
-    }
-    let mut keeper = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return ToolOutput::error(format!("failed to start bash: {e}")),
-    };
-    drop(keeper_link);
-    // The children hold their own copy of the ruleset.
-    drop(confined);
     let pipes = [
         keeper.stdout.take().map(OwnedFd::from),
         keeper.stderr.take().map(OwnedFd::from),
@@ -186,6 +139,65 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
         text.push_str(&format!("\n[killed by signal {}]", libc::WTERMSIG(status)));
     }
     ToolOutput::ok(cap_output(text))
+}
+
+/// Starts a keeper in `sandbox`'s confinement, in `workdir`, with `stdin`, running what
+/// `exec` builds (given the command's `TMPDIR`, when the sandbox has one): the keeper and the
+/// worker's end of its link. `Err` says why nothing runs, as the tool says it. Used by the
+/// tool and by [`super::confined`].
+pub(super) fn start_confined(
+    sandbox: &Sandbox,
+    workdir: &std::path::Path,
+    stdin: Stdio,
+    exec: impl FnOnce(Option<&std::path::Path>) -> Result<Exec, String>,
+) -> Result<(Child, OwnedFd), String> {
+    if let Some(why) = &sandbox.status().refused {
+        return Err(format!(
+            "not run: the sandbox is required (--sandbox required) but unavailable here: {why}"
+        ));
+    }
+    let confined = sandbox
+        .for_command()
+        .map_err(|e| format!("not run: the sandbox failed: {e}"))?;
+    let tmpdir = confined.as_ref().and_then(|c| c.tmpdir.clone());
+    let exec = exec(tmpdir.as_deref())?;
+    let (link, keeper_link) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+    )
+    .map_err(|e| format!("failed to start bash: socketpair: {e}"))?;
+    let keeper_fd = keeper_link.as_raw_fd();
+    let mut cmd = Command::new("bash");
+    cmd.current_dir(workdir)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let limits = sandbox.rlimits();
+    // SAFETY: the closure runs in the child of a fork of a multi-threaded process; it makes
+    // only async-signal-safe system calls (clone, prctl, setsid, setrlimit, execvpe, open,
+    // read, write, close, poll, waitpid, kill, _exit) and allocates nothing: `exec` was built
+    // before the fork.
+    unsafe {
+        let plan = confined.as_ref().map(|c| c.plan.clone());
+        let ruleset = confined
+            .as_ref()
+            .and_then(|c| c.ruleset.as_ref())
+            .map_or(-1, |fd| fd.as_raw_fd());
+        cmd.pre_exec(move || {
+            let sandbox = plan.as_deref().map(|plan| Confinement { plan, ruleset });
+            start_keeper(&exec, keeper_fd, sandbox, &limits)
+        });
+    }
+    let keeper = cmd
+        .spawn()
+        .map_err(|e| format!("failed to start bash: {e}"))?;
+    // The children hold their own copies of the link and the ruleset.
+    drop(keeper_link);
+    drop(confined);
+    Ok((keeper, link))
 }
 
 /// Waits for a keeper told to end (its kill rounds take about 3 s at most); one that does not

@@ -7,16 +7,13 @@
 //! stopped) the keeper kills everything under it.
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-
-use super::bash::{Report, collect, end_keeper};
-use super::keeper::{Confinement, Exec, start_keeper};
+use super::bash::{Report, collect, end_keeper, start_confined};
+use super::keeper::Exec;
 use crate::sandbox::Sandbox;
 
 /// What to run, where, and with what.
@@ -61,55 +58,12 @@ pub fn run_confined(c: &Confined<'_>) -> Finished {
         error: Some(why),
         ..Finished::default()
     };
-    if let Some(why) = &c.sandbox.status().refused {
-        return failed(format!(
-            "the sandbox is required (--sandbox required) but unavailable here: {why}"
-        ));
-    }
-    let confined = match c.sandbox.for_command() {
-        Ok(x) => x,
-        Err(e) => return failed(format!("the sandbox failed: {e}")),
-    };
-    let tmpdir = confined.as_ref().and_then(|x| x.tmpdir.clone());
-    let exec = match Exec::with_env(c.command, tmpdir.as_deref(), c.env, &ALSO_HIDDEN) {
-        Ok(e) => e,
+    let (mut keeper, link) = match start_confined(c.sandbox, c.workdir, Stdio::piped(), |tmpdir| {
+        Exec::with_env(c.command, tmpdir, c.env, &ALSO_HIDDEN)
+    }) {
+        Ok(k) => k,
         Err(e) => return failed(e),
     };
-    let (link, keeper_link) = match socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-    ) {
-        Ok(p) => p,
-        Err(e) => return failed(format!("socketpair: {e}")),
-    };
-    let keeper_fd = keeper_link.as_raw_fd();
-    let limits = c.sandbox.rlimits();
-    let mut cmd = Command::new("bash");
-    cmd.current_dir(c.workdir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    // SAFETY: as in `bash`: only async-signal-safe calls on memory built before the fork.
-    unsafe {
-        let plan = confined.as_ref().map(|x| x.plan.clone());
-        let ruleset = confined
-            .as_ref()
-            .and_then(|x| x.ruleset.as_ref())
-            .map_or(-1, |fd| fd.as_raw_fd());
-        cmd.pre_exec(move || {
-            let sandbox = plan.as_deref().map(|plan| Confinement { plan, ruleset });
-            start_keeper(&exec, keeper_fd, sandbox, &limits)
-        });
-    }
-    let mut keeper = match cmd.spawn() {
-        Ok(k) => k,
-        Err(e) => return failed(format!("failed to start bash: {e}")),
-    };
-    drop(keeper_link);
-    drop(confined);
     // A command that does not read its stdin gets EPIPE here, not a stuck caller.
     let feed = keeper.stdin.take().map(|mut w| {
         let input = c.stdin.to_owned();
