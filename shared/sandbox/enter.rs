@@ -98,16 +98,7 @@ pub(crate) fn before_clone(plan: &Plan) -> Result<(), ()> {
             if libc::unshare(libc::CLONE_NEWNS) != 0 {
                 return fail(b"a mount namespace for the idmapped mounts");
             }
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return fail(b"making the mount tree private");
-            }
+            private_mount_tree()?;
             idmap_all(id)?;
         }
     }
@@ -159,18 +150,9 @@ fn write_file(path: &CStr, content: &[u8], step: &[u8]) -> Result<(), ()> {
 /// system (see [`Plan`]): a private mount tree, its own `/proc`, `/run` and `/tmp` replaced,
 /// what must stay visible bound back, the team dir and key files covered.
 pub(crate) fn mount_all(plan: &Plan) -> Result<(), ()> {
+    private_mount_tree()?;
     // SAFETY: mount/open/mkdir/close on NUL-terminated strings built before the fork.
     unsafe {
-        if libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) != 0
-        {
-            return fail(b"making the mount tree private");
-        }
         for m in &plan.early_mounts {
             mount_one(m)?;
         }
@@ -197,6 +179,25 @@ pub(crate) fn mount_all(plan: &Plan) -> Result<(), ()> {
         for m in &plan.late_mounts {
             mount_one(m)?;
         }
+    }
+    Ok(())
+}
+
+/// Makes every mount of this (new) mount namespace private, so nothing done here propagates
+/// back to the namespace it was copied from.
+fn private_mount_tree() -> Result<(), ()> {
+    // SAFETY: mount(2) with a literal path and no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return fail(b"making the mount tree private");
     }
     Ok(())
 }

@@ -523,18 +523,7 @@ fn private_tmp(
 /// Whether the permission bits let `uid`/`gid` (with no supplementary groups) pass through
 /// every ancestor of `dir` and write in it. ACLs are not read: a yes is confirmed by a probe.
 fn may_work_in(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let allows = |m: &std::fs::Metadata, bits: u32| {
-        let mode = m.mode();
-        let granted = if m.uid() == uid {
-            mode >> 6
-        } else if m.gid() == gid {
-            mode >> 3
-        } else {
-            mode
-        };
-        granted & bits == bits
-    };
+    let allows = |m: &std::fs::Metadata, bits: u32| mode_allows(m, uid, gid, bits);
     let Ok(meta) = std::fs::metadata(dir) else {
         return false;
     };
@@ -543,6 +532,21 @@ fn may_work_in(dir: &Path, uid: libc::uid_t, gid: libc::gid_t) -> bool {
             .ancestors()
             .skip(1)
             .all(|a| std::fs::metadata(a).is_ok_and(|m| allows(&m, 0o1)))
+}
+
+/// Whether the permission bits of `m` give `uid`/`gid` (with no supplementary groups) all of
+/// `bits` (`0o1` pass through, `0o2` write, `0o4` read).
+fn mode_allows(m: &std::fs::Metadata, uid: libc::uid_t, gid: libc::gid_t, bits: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = m.mode();
+    let granted = if m.uid() == uid {
+        mode >> 6
+    } else if m.gid() == gid {
+        mode >> 3
+    } else {
+        mode
+    };
+    granted & bits == bits
 }
 
 /// What must be idmapped for `uid`/`gid` to work in `workdir` (and the git dirs and extra dirs
@@ -561,17 +565,6 @@ fn idmap_targets(
     let meta = std::fs::metadata(workdir)
         .map_err(|e| format!("working dir {}: {e}", workdir.display()))?;
     let owner = (meta.uid(), meta.gid());
-    let passes = |m: &std::fs::Metadata| {
-        let mode = m.mode();
-        let bits = if m.uid() == uid {
-            mode >> 6
-        } else if m.gid() == gid {
-            mode >> 3
-        } else {
-            mode
-        };
-        bits & 1 == 1
-    };
     let mut targets: Vec<PathBuf> = Vec::new();
     for d in std::iter::once(workdir)
         .chain(git.iter().map(PathBuf::as_path))
@@ -595,7 +588,7 @@ fn idmap_targets(
                 break;
             }
             let am = std::fs::metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
-            if passes(&am) || targets.iter().any(|t| t == a) {
+            if mode_allows(&am, uid, gid, 0o1) || targets.iter().any(|t| t == a) {
                 continue;
             }
             if am.uid() != owner.0 {
