@@ -19,31 +19,15 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::fake_llm::tool_results;
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
-use support::team::{Bg, wait_until};
+use support::git::{commit, git_ok, init_with};
+use support::team::{Bg, member, wait_until};
 
 const T: Duration = Duration::from_secs(60);
 const USAGE: &str = r#"{"input_tokens":10,"output_tokens":5}"#;
-
-fn git_ok(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A fresh git repository `repo` (one commit) in a temp dir, with a sub-directory `sub`.
 fn repository() -> (tempfile::TempDir, PathBuf) {
@@ -54,23 +38,7 @@ fn repository() -> (tempfile::TempDir, PathBuf) {
 fn repository_in(base: &Path) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir_in(base).unwrap();
     let repo = tmp.path().join("repo");
-    std::fs::create_dir_all(repo.join("sub")).unwrap();
-    git_ok(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("sub/README"), "the main tree\n").unwrap();
-    git_ok(&repo, &["add", "sub/README"]);
-    git_ok(
-        &repo,
-        &[
-            "-c",
-            "user.name=Test",
-            "-c",
-            "user.email=test@example.invalid",
-            "commit",
-            "-q",
-            "-m",
-            "first",
-        ],
-    );
+    init_with(&repo, "sub/README");
     (tmp, repo)
 }
 
@@ -103,34 +71,6 @@ fn ok(o: Output, what: &str) -> String {
 fn call(id: &str, command: &str) -> Reply {
     let block = anthropic_tool_use_block(id, "bash", &json!({ "command": command }).to_string());
     Reply::ok(anthropic_message(&block, "tool_use", USAGE))
-}
-
-/// The text of every tool result `model` received, in order.
-fn tool_results(fake: &FakeLlm, model: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for r in fake.requests() {
-        if r.body["model"] != model {
-            continue;
-        }
-        let Some(last) = r.body["messages"].as_array().and_then(|m| m.last()) else {
-            continue;
-        };
-        for block in last["content"].as_array().into_iter().flatten() {
-            if block["type"] == "tool_result" {
-                out.push(block["content"].to_string());
-            }
-        }
-    }
-    out
-}
-
-fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
-    status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == name)
-        .unwrap_or_else(|| panic!("no {name} in {status}"))
 }
 
 /// N8 and m5: in the default layout, `lead run` started in `run_from` (the repository root or
@@ -548,19 +488,7 @@ fn the_main_trees_git_dir_is_read_only_to_commands() {
     // The person commits: nothing of the model's runs.
     std::fs::write(repo.join("sub/change"), "x\n").unwrap();
     git_ok(&repo, &["add", "sub/change"]);
-    git_ok(
-        &repo,
-        &[
-            "-c",
-            "user.name=Test",
-            "-c",
-            "user.email=test@example.invalid",
-            "commit",
-            "-q",
-            "-m",
-            "the person's commit",
-        ],
-    );
+    commit(&repo, "the person's commit");
     git_ok(&repo, &["status", "--short"]);
     assert!(!marker.exists(), "the person's git ran the model's code");
 }

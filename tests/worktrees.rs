@@ -10,7 +10,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -19,35 +19,13 @@ use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
 
-use support::team::{Bg, Team, lead_cmd, wait_until};
+use support::fake_llm::tool_results;
+use support::git::{git_ok, init_with};
+use support::team::{Bg, Team, lead_cmd, member, wait_until};
 use troupe::TeamDir;
 
 const T: Duration = Duration::from_secs(60);
 const USAGE: &str = r#"{"input_tokens":10,"output_tokens":5}"#;
-
-fn git(dir: &Path, args: &[&str]) -> Output {
-    Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        // The repository may belong to the unprivileged user the team runs as.
-        .args(["-c", "safe.directory=*"])
-        .args(args)
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .output()
-        .unwrap()
-}
-
-fn git_ok(dir: &Path, args: &[&str]) -> String {
-    let o = git(dir, args);
-    assert!(
-        o.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A team whose dir is `.team` at the top of a fresh git repository (one commit, no identity of
 /// its own), and whose working dir is that repository.
@@ -59,23 +37,7 @@ fn repo_team() -> (Team, PathBuf) {
 fn repo_team_in(base: &Path) -> (Team, PathBuf) {
     let tmp = tempfile::tempdir_in(base).unwrap();
     let repo = tmp.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git_ok(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("README"), "the main tree\n").unwrap();
-    git_ok(&repo, &["add", "README"]);
-    git_ok(
-        &repo,
-        &[
-            "-c",
-            "user.name=Test",
-            "-c",
-            "user.email=test@example.invalid",
-            "commit",
-            "-q",
-            "-m",
-            "first",
-        ],
-    );
+    init_with(&repo, "README");
     let dir = TeamDir::create(repo.join(".team")).unwrap();
     let team = Team {
         tmp,
@@ -123,34 +85,6 @@ fn status_as(team: &Team, url: &str, uid: Option<u32>) -> Value {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
-}
-
-fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
-    status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == name)
-        .unwrap_or_else(|| panic!("no {name} in {status}"))
-}
-
-/// The text of every tool result `model` received, in order.
-fn tool_results(fake: &FakeLlm, model: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for r in fake.requests() {
-        if r.body["model"] != model {
-            continue;
-        }
-        let Some(last) = r.body["messages"].as_array().and_then(|m| m.last()) else {
-            continue;
-        };
-        for block in last["content"].as_array().into_iter().flatten() {
-            if block["type"] == "tool_result" {
-                out.push(block["content"].to_string());
-            }
-        }
-    }
-    out
 }
 
 fn run_lead(team: &Team, url: &str) -> Bg {

@@ -430,3 +430,23 @@ pub fn last_user_text(body: &serde_json::Value) -> String {
         .map(|m| m["content"].to_string())
         .unwrap_or_default()
 }
+
+/// The text of every tool result the model `model` was sent, in order (the results in the last
+/// message of each of its requests).
+pub fn tool_results(fake: &FakeLlm, model: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in fake.requests() {
+        if r.body["model"] != model {
+            continue;
+        }
+        let Some(last) = r.body["messages"].as_array().and_then(|m| m.last()) else {
+            continue;
+        };
+        for block in last["content"].as_array().into_iter().flatten() {
+            if block["type"] == "tool_result" {
+                out.push(block["content"].to_string());
+            }
+        }
+    }
+    out
+}

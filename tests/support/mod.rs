@@ -9,5 +9,6 @@ pub mod child;
 pub mod cli;
 pub mod drain;
 pub mod fake_llm;
+pub mod git;
 pub mod redis_server;
 pub mod team;

@@ -303,3 +303,13 @@ pub fn add_member_to(dir: &TeamDir, name: &str, incarnation: u64, require_plan: 
         })
         .unwrap();
 }
+
+/// Member `name` of a `lead status --json` document.
+pub fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {status}"))
+}
