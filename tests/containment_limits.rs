@@ -21,13 +21,12 @@ mod hostile;
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hostile::{Site, T, within};
+use hostile::{Site, T, stop, within};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -49,24 +48,17 @@ const LLM_TIMEOUT: &str = "120";
 /// `lead run` with short stop timeouts and `extra` flags, as `uid` when given, its output in
 /// logs beside the working dir; its commands time out after `bash_timeout`.
 fn run(site: &Site, url: &str, extra: &[&str], uid: Option<u32>, bash_timeout: u64) -> Bg {
-    let mut args = vec!["run", "--stop-timeout", "1", "--kill-grace", "1"];
-    args.extend_from_slice(extra);
-    let mut c = site.lead(url, &args);
-    c.env("TROUPE_BASH_TIMEOUT_SECS", bash_timeout.to_string())
-        .env("TROUPE_LLM_TIMEOUT_SECS", LLM_TIMEOUT)
-        .stdout(site.log("lead.stdout"))
-        .stderr(site.log("lead.stderr"));
-    if let Some(uid) = uid {
-        c.uid(uid).gid(uid);
-    }
-    Bg(c.spawn().unwrap())
-}
-
-/// SIGTERM (a team stop) and waits for the exit; says so when it does not come.
-fn stop(child: &mut Child, what: &str) -> Option<String> {
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    let done = within(T, || child.try_wait().ok().flatten().is_some());
-    (!done).then(|| format!("{what} did not exit within {T:?} of SIGTERM"))
+    let bash_timeout = bash_timeout.to_string();
+    hostile::run_lead(
+        site,
+        url,
+        extra,
+        uid,
+        &[
+            ("TROUPE_BASH_TIMEOUT_SECS", &bash_timeout),
+            ("TROUPE_LLM_TIMEOUT_SECS", LLM_TIMEOUT),
+        ],
+    )
 }
 
 /// Makes the agent of `model` run `command` with `bash` (its reply to the pending model call),

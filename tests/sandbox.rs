@@ -12,14 +12,10 @@
 mod hostile;
 mod support;
 
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use hostile::{Site, Snapshot, T, drive, leaks, sleepers, steps, within};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use hostile::{Site, Snapshot, T, drive, leaks, sleepers, steps, stop, within};
 use serde_json::Value;
 use support::fake_llm::{FakeLlm, Reply, anthropic_message, anthropic_text};
 use support::team::{Bg, alive};
@@ -32,23 +28,7 @@ fn in_ci() -> bool {
 
 /// `lead run` with short stop timeouts, its stderr in `lead.stderr` beside the working dir.
 fn run(site: &Site, url: &str, extra: &[&str], uid: Option<u32>) -> Bg {
-    let mut args = vec!["run", "--stop-timeout", "1", "--kill-grace", "1"];
-    args.extend_from_slice(extra);
-    let mut c = site.lead(url, &args);
-    c.stdout(site.log("lead.stdout"))
-        .stderr(site.log("lead.stderr"));
-    if let Some(uid) = uid {
-        // std drops the supplementary groups (setgroups(0)) when root sets a uid.
-        c.uid(uid).gid(uid);
-    }
-    Bg(c.spawn().unwrap())
-}
-
-/// SIGTERM (a team stop) and waits for the exit; says so when it does not come.
-fn stop(child: &mut Child, what: &str) -> Option<String> {
-    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-    let done = within(T, || child.try_wait().ok().flatten().is_some());
-    (!done).then(|| format!("{what} did not exit within {T:?} of SIGTERM"))
+    hostile::run_lead(site, url, extra, uid, &[])
 }
 
 /// The sandbox temp dir the member's status names, if any.

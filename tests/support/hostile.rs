@@ -9,8 +9,9 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -18,7 +19,7 @@ use serde_json::Value;
 use crate::support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
-use crate::support::team::{CLEARED_ENV, alive};
+use crate::support::team::{Bg, CLEARED_ENV, alive};
 
 /// Generous bound of every wait.
 pub const T: Duration = Duration::from_secs(30);
@@ -612,4 +613,36 @@ pub fn within(d: Duration, mut f: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// `lead run` on `site` with short stop timeouts (`extra` flags, `env` added, as `uid` when
+/// given), its output in `lead.stdout` and `lead.stderr` beside the working dir.
+pub fn run_lead(
+    site: &Site,
+    url: &str,
+    extra: &[&str],
+    uid: Option<u32>,
+    env: &[(&str, &str)],
+) -> Bg {
+    let mut args = vec!["run", "--stop-timeout", "1", "--kill-grace", "1"];
+    args.extend_from_slice(extra);
+    let mut c = site.lead(url, &args);
+    c.envs(env.iter().copied())
+        .stdout(site.log("lead.stdout"))
+        .stderr(site.log("lead.stderr"));
+    if let Some(uid) = uid {
+        // std drops the supplementary groups (setgroups(0)) when root sets a uid.
+        c.uid(uid).gid(uid);
+    }
+    Bg(c.spawn().unwrap())
+}
+
+/// SIGTERM (a team stop) and waits for the exit; says so when it does not come.
+pub fn stop(child: &mut Child, what: &str) -> Option<String> {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let done = within(T, || child.try_wait().ok().flatten().is_some());
+    (!done).then(|| format!("{what} did not exit within {T:?} of SIGTERM"))
 }
