@@ -133,6 +133,10 @@ fn sandbox_check_reports_every_check_and_those_that_hold_today_hold() {
 
     let all = checks.iter().all(|c| c["holds"] == true);
     assert_eq!(doc["all_hold"], all);
+    // On the CI machine (root, a kernel with everything) every check holds since issue 22.
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        assert!(all, "CI=true: a check does not hold:\n{stdout}");
+    }
     assert_eq!(out.status.code(), Some(if all { 0 } else { 1 }), "{stderr}");
 
     // The fake key, and any real one of this environment, is in no output.
