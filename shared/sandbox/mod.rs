@@ -12,9 +12,9 @@
 //!   like), plus the dirs the user adds; signals and abstract unix sockets stay inside (ABI 6);
 //!   a working dir that is a linked git worktree also gets what a commit needs of its
 //!   repository's git dir (see [`crate::worktree::GitDirs`]), the rest of that dir read-only;
-//! - with **no capabilities** and no new privileges: as root, as `nobody` (a setting) or, when
-//!   that user cannot use the working dir, as root of its own user namespace with every
-//!   capability dropped; otherwise as the worker's own user.
+//! - with **no capabilities** and no new privileges, and never as uid 0: as root, as `nobody`
+//!   (a setting), given a working dir only root may use through idmapped mounts of it (see
+//!   `plan::Idmap`); otherwise as the worker's own user.
 //!
 //! The worker probes once, at start, which of these work here ([`Sandbox::prepare`]) and
 //! records the result in its member's `sandbox` status. The plan of the children is built
@@ -109,8 +109,8 @@ pub struct Settings {
     #[arg(long = "sandbox-write", value_name = "DIR", value_parser = crate::fsutil::absolute_arg)]
     pub write: Vec<PathBuf>,
     /// When troupe runs as root: the unprivileged user commands run as (name or uid; default
-    /// nobody, or root of their own user namespace, without capabilities, when that user
-    /// cannot write the working directory). `root` chooses the latter always.
+    /// nobody; never root). Where it may not use the working directory, it gets it through
+    /// idmapped mounts.
     #[arg(long = "sandbox-user", value_name = "USER")]
     pub user: Option<String>,
     /// The resource limits of each command.
