@@ -230,9 +230,9 @@ if [[ $REDIS == 1 ]]; then
   TROUPE_BUS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   ADMIN_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   # The default user keeps its rights under a password of its own: Redis 7.0 replays its
-  # append-only log's transactions as the default user. The troupe user gets README's rights:
-  # its keys, no channel, exactly the commands troupe sends (tests/support/redis_server.rs,
-  # TROUPE_ACL, says which is for what).
+  # append-only log's transactions as the default user. The troupe user gets the rights
+  # docs/redis.md gives: its keys, no channel, exactly the commands troupe sends
+  # (tests/support/redis_server.rs, TROUPE_ACL, says which is for what).
   cat >"$REDIS_DIR/redis.conf" <<EOF
 port $REDIS_PORT
 bind 127.0.0.1

@@ -92,7 +92,7 @@ fn default_layout_from(sub: &str) {
     let data = format!("{up}/data");
     let fake = FakeLlm::start([]).patient(T);
     let url = fake.url();
-    // Spawned from the repository root, as the README says: `.team` is made there.
+    // Spawned from the repository root, as docs/worktrees.md says: `.team` is made there.
     for (name, worktree) in [("alice", true), ("bob", false)] {
         let mut args = vec![
             "spawn",

@@ -1,6 +1,6 @@
 //! The sandbox of the `bash` tool: what a command an agent runs can see and touch.
 //!
-//! Each command runs, where the kernel offers it (see README, "Security model"):
+//! Each command runs, where the kernel offers it (see docs/security.md):
 //!
 //! - in new **user, PID and mount namespaces** (PID and mount only, as root without user
 //!   namespaces): its own `/proc` shows only its own processes, so no other process's

@@ -3,7 +3,7 @@
 //! AUTH required, and stopped (SIGKILL) when dropped. Under `CI=true` a missing server fails
 //! the test; elsewhere the test says so and skips.
 //!
-//! troupe connects as the ACL user `troupe` (a random password) with the rights README gives
+//! troupe connects as the ACL user `troupe` (a random password) with the rights docs/redis.md gives
 //! it, [`TROUPE_ACL`]: its keys and the commands it sends, nothing else. The default user
 //! keeps every right under another random password, because Redis 7.0 replays the transactions
 //! of its append-only log as the default user (with `user default off`, a restart dropped every
@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The rights of the ACL user `troupe`, as README gives them: keys `troupe:*` only, no pub/sub
-/// channel, and exactly the commands troupe sends. The connection: AUTH (which Redis allows
+/// The rights of the ACL user `troupe`, as docs/redis.md gives them: keys `troupe:*` only, no
+/// pub/sub channel, and exactly the commands troupe sends. The connection: AUTH (which Redis allows
 /// anyway; listed so that this is the whole of what troupe sends) and SELECT (a URL's `/DB`
 /// other than 0). The documents, locks, id sets and leases: GET, MGET, SET, DEL, EXISTS, SADD,
 /// SMEMBERS, SISMEMBER, and PEXPIRE (a lock taken again by its holder, on a retry). The
