@@ -280,10 +280,16 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         stop_requests: HashMap::new(),
         host: lease.as_ref().map(|l| l.host().to_owned()),
     };
+    // Which team and which working dir: from a sub-directory, the dir that holds `.team`.
+    tracing::info!(
+        "team dir {}, working dir {}",
+        sup.team.root().display(),
+        sup.workdir.display()
+    );
     events::log(
         &sup.team,
         "lead_started",
-        json!({"pid": std::process::id(), "host": sup.host()}),
+        json!({"pid": std::process::id(), "host": sup.host(), "workdir": sup.workdir}),
     );
     let keeper = match lease {
         Some(l) => Some(lease::LeaseKeeper::start(l, wake_w.try_clone()?)),
