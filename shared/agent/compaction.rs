@@ -13,7 +13,9 @@
 //! replaced by one summary written by a model call, and the most recent turns, up to
 //! [`KEEP_RECENT`] of the context, are kept verbatim (cut before an assistant turn, so no tool
 //! result loses its tool use). A tool result longer than [`RESULT_SHARE`] of the context is cut
-//! to its head and tail when it is journaled.
+//! to its head and tail when it is journaled. The last turn is always kept; when its results do
+//! not fit together (many large parallel reads), [`fit_last_turn`] cuts them further in what
+//! is sent.
 
 use crate::llm::{Block, ChatMessage, ChatRequest, ChatResponse, LlmError, Role, ToolSpec};
 
@@ -143,14 +145,19 @@ pub fn cut(messages: &[ChatMessage], keep_tokens: u64) -> Option<usize> {
 /// `text` cut to at most about `max_bytes`: its head and tail, with a line saying how much was
 /// left out between them. Unchanged when it fits.
 pub fn cut_middle(text: &str, max_bytes: usize) -> String {
+    cut_middle_saying(text, max_bytes, "to fit the context")
+}
+
+/// [`cut_middle`] with `why` in the line that says how much was cut.
+fn cut_middle_saying(text: &str, max_bytes: usize, why: &str) -> String {
     if text.len() <= max_bytes {
         return text.to_owned();
     }
-    let keep = max_bytes.saturating_sub(100) / 2;
+    let keep = max_bytes.saturating_sub((60 + why.len()).max(100)) / 2;
     let head_end = floor_char(text, keep);
     let tail_start = ceil_char(text, text.len() - keep);
     format!(
-        "{}\n[... {} bytes cut from the middle to fit the context ...]\n{}",
+        "{}\n[... {} bytes cut from the middle {why} ...]\n{}",
         &text[..head_end],
         tail_start - head_end,
         &text[tail_start..]
@@ -170,6 +177,64 @@ fn ceil_char(s: &str, mut i: usize) -> usize {
     }
     i
 }
+
+/// The conversation to send in a request with `system` and `tools`, so that the request is
+/// estimated inside `context`: `messages` as they are when they fit, else with the tool results
+/// of the last assistant turn cut to their heads and tails.
+///
+/// [`cut`] always keeps that turn and its results verbatim, and each result is cut to
+/// [`result_cap`] when it is journaled, but nothing bounds how many results one turn has: eight
+/// or more large parallel reads do not fit together, and no compaction can help. Each of its
+/// `n` results then keeps at most `context / (2 * n)` tokens (halved again while the request
+/// still does not fit), with a line saying how many bytes were cut and that the model can
+/// re-read them in parts. Only what is sent is cut, never the journal: the same journal gives
+/// the same request after a restart, and the next compaction summarizes the turn.
+pub fn fit_last_turn(
+    messages: &[ChatMessage],
+    system: &str,
+    tools: &[ToolSpec],
+    context: u64,
+) -> Vec<ChatMessage> {
+    let fits = |m: &[ChatMessage]| estimate(system, tools, m) <= context;
+    if fits(messages) {
+        return messages.to_vec();
+    }
+    let after = messages
+        .iter()
+        .rposition(|m| m.role == Role::Assistant)
+        .map_or(0, |a| a + 1);
+    let is_result = |b: &Block| matches!(b, Block::ToolResult { .. });
+    let n = messages[after..]
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter(|b| is_result(b))
+        .count();
+    if n == 0 {
+        return messages.to_vec();
+    }
+    let why = format!(
+        "this turn's {n} tool results did not fit the context together; re-read what you need \
+         in smaller parts (a range of lines: bash sed -n 'FROM,TOp' FILE)"
+    );
+    let mut cap = (context * BYTES_PER_TOKEN / (2 * n as u64)) as usize;
+    loop {
+        let mut out = messages.to_vec();
+        for m in &mut out[after..] {
+            for b in &mut m.content {
+                if let Block::ToolResult { content, .. } = b {
+                    *content = cut_middle_saying(content, cap, &why);
+                }
+            }
+        }
+        if fits(&out) || cap <= MIN_FITTED_RESULT {
+            return out;
+        }
+        cap /= 2;
+    }
+}
+
+/// The least [`fit_last_turn`] cuts a result to: its note and a little of each end.
+const MIN_FITTED_RESULT: usize = 512;
 
 /// The most bytes one tool result may keep in a context of `context` tokens.
 pub fn result_cap(context: u64) -> usize {
@@ -348,6 +413,80 @@ mod tests {
         assert_eq!(cut(&msgs, 1), Some(msgs.len() - 2));
         // Only one turn: nothing to summarize.
         assert_eq!(cut(&msgs[..1], 100), None);
+    }
+
+    /// One assistant turn that asked for `n` reads, and their results of `each` bytes.
+    fn parallel_reads(n: usize, each: usize) -> [ChatMessage; 2] {
+        [
+            ChatMessage {
+                role: Role::Assistant,
+                content: (0..n)
+                    .map(|i| Block::ToolUse {
+                        id: format!("r{i}"),
+                        name: "read_file".into(),
+                        input: json!({"path": format!("f{i}.txt")}),
+                    })
+                    .collect(),
+            },
+            ChatMessage {
+                role: Role::User,
+                content: (0..n)
+                    .map(|i| Block::ToolResult {
+                        tool_use_id: format!("r{i}"),
+                        content: char::from(b'A' + i as u8).to_string().repeat(each),
+                        is_error: false,
+                    })
+                    .collect(),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_last_turn_of_many_large_results_is_shrunk_to_fit() {
+        let context = 30_000;
+        let system = "s".repeat(6000);
+        let mut msgs = vec![text(Role::User, "read them all")];
+        // Ten reads, each at the most one result may keep: together more than the context.
+        msgs.extend(parallel_reads(10, result_cap(context)));
+        assert!(estimate(&system, &[], &msgs) > context);
+        // The cut keeps the whole last turn all the same.
+        assert_eq!(cut(&msgs, context / 4), Some(1));
+        let fitted = fit_last_turn(&msgs, &system, &[], context);
+        assert!(
+            estimate(&system, &[], &fitted) <= context,
+            "{} tokens in a context of {context}",
+            estimate(&system, &[], &fitted)
+        );
+        assert_eq!(fitted.len(), msgs.len());
+        assert_eq!(fitted[..2], msgs[..2]);
+        let Block::ToolResult {
+            content,
+            tool_use_id,
+            ..
+        } = &fitted[2].content[3]
+        else {
+            panic!("{:?}", fitted[2].content[3]);
+        };
+        assert_eq!(tool_use_id, "r3");
+        // Each keeps its head and tail, and says how much was cut and how to see it.
+        let head = content.len() - content.trim_start_matches('D').len();
+        let tail = content.len() - content.trim_end_matches('D').len();
+        assert!(head > 1000 && tail > 1000, "{content}");
+        assert!(
+            content.len() <= result_cap(context) / 2,
+            "{}",
+            content.len()
+        );
+        let cut_bytes = result_cap(context) - head - tail;
+        assert!(
+            content.contains(&format!("{cut_bytes} bytes cut")),
+            "{content}"
+        );
+        assert!(content.contains("re-read"), "{content}");
+        // A conversation that fits is left as it is.
+        assert_eq!(fit_last_turn(&msgs[..2], &system, &[], context), msgs[..2]);
+        let small = parallel_reads(2, 1000);
+        assert_eq!(fit_last_turn(&small, &system, &[], context), small);
     }
 
     #[test]

@@ -779,14 +779,20 @@ impl Teammate {
     }
 
     fn call_model(&mut self) -> std::result::Result<ChatResponse, LlmError> {
-        // Compaction keeps the prompt under the context; the bound is the last resort for a
-        // recent part that is itself too large (many large messages in one inbox batch).
-        let max_bytes = (self.context() * compaction::BYTES_PER_TOKEN) as usize;
+        // Compaction keeps the prompt under the context. What it always keeps, the last turn
+        // and its tool results, is cut to fit when those results are too many together; the
+        // bound is the last resort for a recent part that is itself too large (many large
+        // messages in one inbox batch).
+        let ctx = self.context();
+        let max_bytes = (ctx * compaction::BYTES_PER_TOKEN) as usize;
+        let system = self.system_prompt();
+        let tools = tools::teammate_specs(!self.plan_gate || self.gate_open);
+        let messages = compaction::fit_last_turn(&self.conv.messages, &system, &tools, ctx);
         let req = ChatRequest {
             model: self.model.clone(),
-            system: self.system_prompt(),
-            messages: conversation::bound(&self.conv.messages, max_bytes),
-            tools: tools::teammate_specs(!self.plan_gate || self.gate_open),
+            system,
+            messages: conversation::bound(&messages, max_bytes),
+            tools,
             max_tokens: self.s.max_tokens,
             agent: self.s.name.to_string(),
             seq: self.conv.calls,
