@@ -107,6 +107,10 @@ pub struct Task {
     pub updated_at: f64,
     #[serde(default)]
     pub completed_at: Option<f64>,
+    /// How many times an owner has completed it. A `task_completed` verdict names the completion
+    /// it judged: one that lands after the task was reopened and completed again is stale.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub completion: u64,
     /// The team's `task_created` hooks have yet to run on it: nobody may claim it until they
     /// pass it (one that exits 2 cancels it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -118,6 +122,10 @@ pub struct Task {
     /// Fields written by other versions, kept as they were.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What a new task needs.
@@ -269,6 +277,7 @@ impl TaskStore {
             created_at: now,
             updated_at: now,
             completed_at: None,
+            completion: 0,
             created_hook_pending,
             key,
             extra: Map::new(),
@@ -426,6 +435,9 @@ impl TaskStore {
             if result.is_some() {
                 t.result = result;
             }
+            if status == TaskStatus::Completed {
+                t.completion += 1;
+            }
             if held {
                 t.status = TaskStatus::Completing;
             } else if status == TaskStatus::Completed {
@@ -549,11 +561,18 @@ impl TaskStore {
     }
 
     /// Hands every in-progress task of `who` back to `pending` with no owner (a member that
-    /// ended `failed` or `shutdown`). Returns the tasks it released.
+    /// ended `failed` or `shutdown`, or was removed). Returns the tasks it released.
+    ///
+    /// A task `who` completed that waits for hooks keeps its completion: a verdict that passes
+    /// it completes it, and one that sends it back finds its owner ended and leaves it pending
+    /// ([`TaskStore::settle_completion`]). It is still looked at under its lock: a verdict
+    /// that sent it back to `who` just before `who` was recorded as ended is undone here.
     pub fn release_owned_by(&self, who: &str) -> Result<Vec<Task>> {
         let mut out = Vec::new();
-        for t in self.list(Some(TaskStatus::InProgress))? {
-            if t.owner.as_deref() != Some(who) {
+        for t in self.list(None)? {
+            if t.owner.as_deref() != Some(who)
+                || !matches!(t.status, TaskStatus::InProgress | TaskStatus::Completing)
+            {
                 continue;
             }
             let mut changed = false;
@@ -576,45 +595,76 @@ impl TaskStore {
         Ok(out)
     }
 
-    /// The `task_completed` hooks' verdict on a `completing` task: passed, it is completed (and
-    /// releases its dependents); sent back, it is `in_progress` with its owner again. `None`
-    /// if it is no longer completing (reopened meanwhile, or settled by an earlier run).
+    /// The `task_completed` hooks' verdict on completion number `judged` of a task (its
+    /// [`Task::completion`] when they started). Passed, it is completed (and releases its
+    /// dependents). Sent back, it is `in_progress` with its owner again, unless `ended` says
+    /// (asked under the task's lock, so after the last exit handled) that the owner has ended:
+    /// then it is `pending` with no owner, for anyone, and the event says why.
     ///
-    /// `before` runs under the task's lock, on the task as it is, just before the change is
-    /// written (the supervisor tells the owner there): nobody can act on the change before it
-    /// ran, and a crash between the two leaves the task completing, to be settled again.
+    /// `None`, with a `task_verdict_stale` event, if the task no longer waits for this verdict:
+    /// it is not completing (reopened, or settled by an earlier run), or it is completing again
+    /// after a reopen, a later completion that its own run of the hooks judges.
+    ///
+    /// `before` runs under the task's lock, on the task as it is about to be written, just
+    /// before it is (the supervisor tells the owner there): nobody can act on the change before
+    /// it ran, and a crash between the two leaves the task completing, to be settled again.
     pub fn settle_completion(
         &self,
         id: &str,
+        judged: u64,
         passed: bool,
+        ended: impl FnOnce(&str) -> bool,
         before: impl FnOnce(&Task),
     ) -> Result<Option<Task>> {
         let mut changed = false;
+        let mut released_from = None;
         let task = self.locked(id, |cur| {
             let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
-            if t.status == TaskStatus::Completing {
-                before(&t);
-                let now = fsutil::now();
-                t.updated_at = now;
-                if passed {
-                    t.status = TaskStatus::Completed;
-                    t.completed_at = Some(now);
-                } else {
-                    t.status = TaskStatus::InProgress;
-                }
-                changed = true;
+            if t.status != TaskStatus::Completing || t.completion != judged {
+                return Ok(None);
             }
+            let now = fsutil::now();
+            t.updated_at = now;
+            if passed {
+                t.status = TaskStatus::Completed;
+                t.completed_at = Some(now);
+            } else if let Some(owner) = t.owner.clone().filter(|o| ended(o)) {
+                t.status = TaskStatus::Pending;
+                t.owner = None;
+                t.owner_incarnation = None;
+                released_from = Some(owner);
+            } else {
+                t.status = TaskStatus::InProgress;
+            }
+            before(&t);
+            changed = true;
             Ok(Some(t))
         })?;
+        let verdict = if passed { "passed" } else { "sent back" };
         if !changed {
+            self.log(
+                "task_verdict_stale",
+                &task,
+                json!({
+                    "hook": HookEvent::TaskCompleted, "verdict": verdict, "judged": judged,
+                    "completion": task.completion,
+                }),
+            );
             return Ok(None);
+        }
+        let mut more = json!({"hook": HookEvent::TaskCompleted, "completion": judged});
+        if let Some(owner) = &released_from {
+            more["released_from"] = json!(owner);
+            more["why"] = json!(format!(
+                "{owner} has ended and cannot take it back: it is pending for anyone"
+            ));
         }
         let event = if passed {
             "task_completed"
         } else {
             "task_sent_back"
         };
-        self.log(event, &task, json!({"hook": HookEvent::TaskCompleted}));
+        self.log(event, &task, more);
         Ok(Some(task))
     }
 
@@ -1081,15 +1131,25 @@ mod tests {
         assert!(held.completed_at.is_none());
         // A completing blocker releases nothing yet.
         assert!(ids(&s.claimable(Some("amy")).unwrap()).is_empty());
-        let back = s.settle_completion(&a.id, false, |_| ()).unwrap().unwrap();
+        assert_eq!(held.completion, 1);
+        let live = |_: &str| false;
+        let back = s
+            .settle_completion(&a.id, 1, false, live, |_| ())
+            .unwrap()
+            .unwrap();
         assert_eq!(back.status, TaskStatus::InProgress);
         assert_eq!(back.owner.as_deref(), Some("amy"));
         assert!(
-            s.settle_completion(&a.id, true, |_| ()).unwrap().is_none(),
+            s.settle_completion(&a.id, 1, true, live, |_| ())
+                .unwrap()
+                .is_none(),
             "not completing"
         );
         s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
-        let done = s.settle_completion(&a.id, true, |_| ()).unwrap().unwrap();
+        let done = s
+            .settle_completion(&a.id, 2, true, live, |_| ())
+            .unwrap()
+            .unwrap();
         assert_eq!(done.status, TaskStatus::Completed);
         assert!(done.completed_at.is_some());
         assert_eq!(ids(&s.claimable(Some("amy")).unwrap()), [b.id.as_str()]);
@@ -1098,6 +1158,102 @@ mod tests {
         let c = s.settle_created(&c.id, false, "no").unwrap().unwrap();
         assert_eq!(c.status, TaskStatus::Cancelled);
         assert_eq!(c.result.as_deref(), Some("no"));
+    }
+
+    /// Makes `team` hold completions for `task_completed` hooks.
+    fn hook_completions(team: &TeamDir) {
+        crate::config::Roster::new(team)
+            .update(|c| {
+                c.hooks.push(crate::hooks::Hook {
+                    event: HookEvent::TaskCompleted,
+                    command: "true".into(),
+                    timeout_secs: None,
+                    sandbox: true,
+                });
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn a_verdict_settles_only_the_completion_it_judged() {
+        let (_tmp, team, s) = store();
+        hook_completions(&team);
+        let a = add(&s, "a", &[]);
+        s.claim(Some(&a.id), "amy", 1).unwrap();
+        let first = s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
+        assert_eq!(first.completion, 1);
+        // Reopened and completed again while the hooks judged the first completion.
+        s.reopen(&a.id).unwrap();
+        s.claim(Some(&a.id), "amy", 1).unwrap();
+        let second = s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
+        assert_eq!(second.completion, 2);
+        let mut told = false;
+        let stale = s
+            .settle_completion(&a.id, first.completion, false, |_| false, |_| told = true)
+            .unwrap();
+        assert!(stale.is_none() && !told);
+        let now = s.get(&a.id).unwrap();
+        assert_eq!((now.status, now.completion), (TaskStatus::Completing, 2));
+        let said: Vec<Value> = events::read_all(&team)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e["event"] == "task_verdict_stale")
+            .collect();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert_eq!(
+            (said[0]["judged"].as_u64(), said[0]["completion"].as_u64()),
+            (Some(1), Some(2))
+        );
+        let done = s
+            .settle_completion(&a.id, second.completion, true, |_| false, |_| ())
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.status, TaskStatus::Completed);
+    }
+
+    #[test]
+    fn a_task_sent_back_to_an_owner_that_ended_is_pending() {
+        let (_tmp, team, s) = store();
+        hook_completions(&team);
+        let a = add(&s, "a", &[]);
+        s.claim(Some(&a.id), "amy", 4).unwrap();
+        s.update(&a.id, "amy", TaskStatus::Completed, Some("r".into()))
+            .unwrap();
+        // Amy's exit is handled while the hooks run: her completion waits for its verdict.
+        assert!(s.release_owned_by("amy").unwrap().is_empty());
+        assert_eq!(s.get(&a.id).unwrap().status, TaskStatus::Completing);
+        let mut seen = None;
+        let back = s
+            .settle_completion(&a.id, 1, false, |o| o == "amy", |t| seen = Some(t.status))
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen, Some(TaskStatus::Pending));
+        assert_eq!(
+            (back.status, back.owner.as_deref(), back.owner_incarnation),
+            (TaskStatus::Pending, None, None)
+        );
+        assert_eq!(ids(&s.claimable(Some("bob")).unwrap()), [a.id.as_str()]);
+        let ev = events::read_all(&team)
+            .unwrap()
+            .into_iter()
+            .rfind(|e| e["event"] == "task_sent_back")
+            .unwrap();
+        assert_eq!(ev["released_from"], "amy");
+        assert!(
+            ev["why"].as_str().unwrap().contains("amy has ended"),
+            "{ev}"
+        );
+        // Sent back to her while she was still live, just before her exit was handled: the
+        // hand-back takes it.
+        s.claim(Some(&a.id), "amy", 5).unwrap();
+        s.update(&a.id, "amy", TaskStatus::Completed, None).unwrap();
+        let back = s
+            .settle_completion(&a.id, 2, false, |_| false, |_| ())
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.status, TaskStatus::InProgress);
+        assert_eq!(ids(&s.release_owned_by("amy").unwrap()), [a.id.as_str()]);
     }
 
     #[test]

@@ -7,6 +7,9 @@ impl Supervisor {
     /// A member that ended `failed` or `shutdown` hands its in-progress tasks back to
     /// `pending` (each with a `task_updated` event), the lead hears which, and idle claimers
     /// are woken for them. A team stop (`stopped`) keeps them: the next `lead run` resumes it.
+    /// A task it completed that still waits for `task_completed` hooks keeps its completion:
+    /// passed, it is completed; sent back, the hook thread finds the owner ended (the roster
+    /// says so by now) and leaves it pending (see `TaskStore::settle_completion`).
     fn hand_back_tasks(&self, name: &str, status: MemberStatus) {
         let released = match troupe::tasks::TaskStore::new(&self.team).release_owned_by(name) {
             Ok(r) => r,

@@ -8,7 +8,9 @@
 //! starts and whenever the team dir or the board changes, so an event that happened while no
 //! supervisor ran is hooked by the next `lead run`. A verdict is applied only if the mark is
 //! still there, and the mark goes with it: a hook runs at least once per event, and again only
-//! if the supervisor dies between the hook's exit and the verdict.
+//! if the supervisor dies between the hook's exit and the verdict. A `task_completed` verdict
+//! is on one completion (the task's `completion` count when its hooks started): a task reopened
+//! and completed again meanwhile is judged by a run of its own, and the old verdict is dropped.
 //!
 //! A hook runs with `sh -c` in the working dir of the member the event is about, with the event
 //! as JSON on stdin, in that member's sandbox (the same as its commands': the team dir hidden,
@@ -281,39 +283,79 @@ impl Runner {
         else {
             return Ok(());
         };
+        // The verdict is on this completion of the task (`t` as the hooks got it); the task
+        // may have been reopened and completed again meanwhile.
         if ran.outcome != Outcome::Block {
-            if self.store.settle_completion(&t.id, true, |_| ())?.is_some() {
+            let settled =
+                self.store
+                    .settle_completion(&t.id, t.completion, true, |_| false, |_| ())?;
+            if settled.is_some() {
                 troupe::tasks::wake_claimers(&self.team, None);
             }
             return Ok(());
         }
-        let ended = |name: &str| {
-            cfg.member(name)
-                .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown))
+        // Whether the owner has ended is read now, under the task's lock, not from `cfg`: the
+        // owner may have ended while the hook ran, after its exit handed back what it held.
+        let ended = |name: &str| match Roster::new(&self.team).load() {
+            Ok(now) => now
+                .member(name)
+                .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown)),
+            Err(e) => {
+                tracing::warn!("hooks: could not read the roster: {e}; {name} is taken as live");
+                false
+            }
         };
         // The owner is told under the task's lock, just before the task is back: it cannot
         // find its task still completing after it heard, and a crash between the two settles
         // the task again with the same message id, which its journal drops.
-        self.store.settle_completion(&t.id, false, |cur| {
-            if let Some(owner) = owner.filter(|o| !ended(o)) {
-                self.tell(
-                    owner,
-                    &format!("hook:task_completed:{}:{}", cur.id, cur.updated_at),
-                    format!(
-                        "The task_completed hook sent task {} ({}) back to you: it is in_progress \
-                         and yours again. Fix what it says, then call task_update with status \
-                         completed again. The hook said:\n{}",
-                        cur.id,
-                        cur.subject,
-                        ran.stderr.trim()
-                    ),
+        let settled = self
+            .store
+            .settle_completion(&t.id, t.completion, false, ended, |next| {
+                if next.status != TaskStatus::InProgress {
+                    return;
+                }
+                if let Some(owner) = next.owner.as_deref() {
+                    self.tell(
+                        owner,
+                        &format!("hook:task_completed:{}:{}", next.id, next.completion),
+                        format!(
+                            "The task_completed hook sent task {} ({}) back to you: it is \
+                             in_progress and yours again. Fix what it says, then call \
+                             task_update with status completed again. The hook said:\n{}",
+                            next.id,
+                            next.subject,
+                            ran.stderr.trim()
+                        ),
+                    );
+                }
+            })?;
+        // An owner that ended cannot take it back: the board gets it, and the lead hears.
+        if let Some(task) = settled.filter(|s| s.status == TaskStatus::Pending) {
+            let owner = t.owner.as_deref().unwrap_or("its owner");
+            let mut note = Message::new(
+                MessageType::StatusUpdate,
+                owner,
+                LEAD,
+                format!(
+                    "The task_completed hook sent task {} ({}) back, but {owner} has ended: it \
+                     is pending for anyone. The hook said:\n{}",
+                    task.id,
+                    task.subject,
+                    ran.stderr.trim()
+                ),
+            );
+            note.id = troupe::ids::derived(&format!(
+                "hook:task_completed:{}:{}:released",
+                task.id, task.completion
+            ))
+            .to_string();
+            let sent = troupe::mail::send(&self.team, &note, Stopped::Accept, Durability::Sync);
+            if let Err(e) = sent {
+                tracing::warn!(
+                    "hooks: could not tell the lead {} is pending again: {e}",
+                    task.id
                 );
             }
-        })?;
-        // An owner that ended meanwhile cannot take it back: the board gets it.
-        if let Some(owner) = t.owner.as_deref().filter(|o| ended(o))
-            && !self.store.release_owned_by(owner)?.is_empty()
-        {
             troupe::tasks::wake_claimers(&self.team, None);
         }
         Ok(())
