@@ -5,6 +5,7 @@
 //! goes through [`Roster::update`]: lock `config.lock`, read, change, durably replace, unlock, so
 //! the lead and the workers, which all write member state, never lose each other's updates.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -304,6 +305,16 @@ pub struct TeamConfig {
     /// What the LLM lead (`lead chat`, `lead demo`) spent over the team's life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lead_spend: Option<crate::cost::Spend>,
+    /// What members taken off the roster (`lead up --prune`) spent over their lives, by name.
+    ///
+    /// A member's spend lives in its record, which a removal drops; kept here, it still counts
+    /// toward the team's spend and `team_budget_usd`. A name is one budget over its whole life:
+    /// a member added again under a removed name counts this spend against its own
+    /// `budget_usd` and `budget_tokens` as well (see [`crate::cost::life_spend`]), so pruning
+    /// and re-adding a member does not give it a fresh budget. Its record's own totals (what
+    /// `lead status` shows for it) count only the new life.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub retired_spend: BTreeMap<String, crate::cost::Spend>,
     /// The user's commands run on team events (see [`crate::hooks`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<crate::hooks::Hook>,
@@ -319,6 +330,7 @@ impl Default for TeamConfig {
             lead_sandbox: None,
             team_budget_usd: None,
             lead_spend: None,
+            retired_spend: BTreeMap::new(),
             hooks: Vec::new(),
             extra: Map::new(),
         }
@@ -334,6 +346,18 @@ impl TeamConfig {
     /// The member called `name`, mutably.
     pub fn member_mut(&mut self, name: &str) -> Option<&mut Member> {
         self.members.iter_mut().find(|m| m.name == name)
+    }
+
+    /// Takes member `name` off the roster (`lead up --prune`) and returns its record. What it
+    /// spent stays: it is added to [`TeamConfig::retired_spend`] under its name.
+    pub fn remove_member(&mut self, name: &str) -> Option<Member> {
+        let i = self.members.iter().position(|m| m.name == name)?;
+        let m = self.members.remove(i);
+        self.retired_spend
+            .entry(m.name.clone())
+            .or_default()
+            .add(&crate::cost::member_spend(&m));
+        Some(m)
     }
 
     /// The member called `name`, or [`Error::UnknownMember`].

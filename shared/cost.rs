@@ -19,8 +19,9 @@
 //! cache_read * p.cache_read`, over a million.
 //!
 //! Budgets ([`over_budget`]) are pure functions of the roster: a member's own `budget_usd` and
-//! `budget_tokens`, counted across its incarnations, and the team's `team_budget_usd`, counted
-//! over every member plus the LLM lead.
+//! `budget_tokens`, counted across its incarnations (and across earlier members of its name
+//! taken off the roster), and the team's `team_budget_usd`, counted over every member, present
+//! or removed ([`TeamConfig::retired_spend`]), plus the LLM lead.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -280,27 +281,43 @@ pub fn member_spend(m: &Member) -> Spend {
     }
 }
 
-/// The team's spend: every member plus the LLM lead.
+/// What the name of member `m` spent over its whole life: its record's spend plus what earlier
+/// members of that name spent before they were taken off the roster
+/// ([`TeamConfig::retired_spend`]). Its budgets are checked against this.
+pub fn life_spend(cfg: &TeamConfig, m: &Member) -> Spend {
+    let mut s = member_spend(m);
+    if let Some(r) = cfg.retired_spend.get(&m.name) {
+        s.add(r);
+    }
+    s
+}
+
+/// The team's spend: every member, every member taken off the roster, and the LLM lead.
 pub fn team_spend(cfg: &TeamConfig) -> Spend {
     let mut s = cfg.lead_spend.unwrap_or_default();
     for m in &cfg.members {
         s.add(&member_spend(m));
     }
+    for r in cfg.retired_spend.values() {
+        s.add(r);
+    }
     s
 }
 
 /// Why a budget stops member `m` (or refuses to start it), if one does: its own dollar or token
-/// budget, or the team's. A budget is crossed once the spend reaches it.
+/// budget, counted over its name's whole life ([`life_spend`]), or the team's. A budget is
+/// crossed once the spend reaches it.
 pub fn over_budget(cfg: &TeamConfig, m: &Member) -> Option<String> {
+    let life = life_spend(cfg, m);
     if let Some(b) = m.budget_usd
-        && m.cost_usd >= b
+        && life.cost_usd >= b
     {
         return Some(format!(
             "budget: {} spent ${:.4} of its ${b:.4} budget",
-            m.name, m.cost_usd
+            m.name, life.cost_usd
         ));
     }
-    let tokens = total_tokens(&m.usage);
+    let tokens = total_tokens(&life.usage);
     if let Some(b) = m.budget_tokens
         && tokens >= b
     {
@@ -442,6 +459,58 @@ mod tests {
         assert_eq!(cache_read_share(&Usage::default()), None);
         assert_eq!(cache_read_share(&usage(10, 99, 10, 80)), Some(0.8));
         assert_eq!(total_tokens(&usage(1, 2, 3, 4)), 10);
+    }
+
+    #[test]
+    fn a_removed_members_spend_stays_with_the_team_and_its_name() {
+        let mut cfg = TeamConfig {
+            team_budget_usd: Some(1.0),
+            ..TeamConfig::default()
+        };
+        let mut a = Member::new("a", "r");
+        record_call(&mut a, 1, &usage(100, 10, 0, 0), 0.25);
+        let mut b = Member::new("b", "r");
+        record_call(&mut b, 1, &usage(1000, 0, 0, 0), 0.5);
+        record_call(&mut b, 2, &usage(1000, 0, 0, 0), 0.5);
+        cfg.members = vec![a.clone(), b];
+        assert!(close(team_spend(&cfg).cost_usd, 1.25));
+        assert!(team_over_budget(&cfg).is_some());
+        // `lead up --prune` takes b off the roster: the team's spend is what it was.
+        let gone = cfg.remove_member("b").unwrap();
+        assert_eq!(gone.calls, 2);
+        assert!(cfg.member("b").is_none());
+        assert!(close(team_spend(&cfg).cost_usd, 1.25));
+        assert_eq!(team_spend(&cfg).calls, 3);
+        assert!(
+            team_over_budget(&cfg)
+                .unwrap()
+                .contains("the team spent $1.2500")
+        );
+        // b comes back under the same name: its budgets count its earlier life too.
+        cfg.team_budget_usd = None;
+        let mut b = Member::new("b", "r");
+        b.budget_usd = Some(0.75);
+        assert_eq!(
+            over_budget(&cfg, &b).as_deref(),
+            Some("budget: b spent $1.0000 of its $0.7500 budget")
+        );
+        b.budget_usd = Some(2.0);
+        b.budget_tokens = Some(2000);
+        assert!(over_budget(&cfg, &b).unwrap().contains("used 2000 tokens"));
+        b.budget_tokens = None;
+        assert_eq!(over_budget(&cfg, &b), None);
+        record_call(&mut b, 1, &usage(1000, 0, 0, 0), 0.5);
+        cfg.members.push(b);
+        assert!(close(team_spend(&cfg).cost_usd, 1.75));
+        assert!(close(
+            life_spend(&cfg, cfg.member("b").unwrap()).cost_usd,
+            1.5
+        ));
+        // Removed again: the two lives add up; other members are untouched.
+        cfg.remove_member("b").unwrap();
+        assert!(close(team_spend(&cfg).cost_usd, 1.75));
+        assert_eq!(cfg.remove_member("zed"), None);
+        assert_eq!(cfg.member("a"), Some(&a));
     }
 
     #[test]

@@ -429,7 +429,8 @@ pub fn removable(m: &Member, supervisor_running: bool) -> bool {
 /// Takes member `name` off the roster (`lead up --prune`). Only a member with no process and
 /// none coming ([`removable`], checked under the roster lock); any other is refused with
 /// [`Error::MemberConflict`]: shut it down first. Its in-progress tasks go back to `pending`;
-/// its inbox, transcript and log stay on disk.
+/// its inbox, transcript and log stay on disk, and what it spent stays in the roster's
+/// `retired_spend` ([`crate::config::TeamConfig::remove_member`]).
 pub fn remove_member(team: &TeamDir, name: &str) -> Result<Member> {
     let name = AgentName::teammate(name)?;
     let running = crate::liveness::supervisor_running(team)?;
@@ -442,9 +443,8 @@ pub fn remove_member(team: &TeamDir, name: &str) -> Result<Member> {
                 why: "it has (or is about to get) a process; shut it down first",
             });
         }
-        let m = m.clone();
-        cfg.members.retain(|x| x.name != name.as_str());
-        Ok(m)
+        // Its spend stays with the team and its name (`retired_spend`).
+        Ok(cfg.remove_member(name.as_str()).expect("require found it"))
     })?;
     let released = crate::tasks::TaskStore::new(team).release_owned_by(name.as_str())?;
     events::log(

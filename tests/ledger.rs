@@ -94,3 +94,57 @@ fn many_large_results_of_one_turn_are_shrunk_to_fit_the_context() {
         .expect("an idle notification");
     assert_eq!(note.content, "read them all");
 }
+
+/// `lead up FILE --accept` in the team's working dir; its output.
+fn up(team: &Team, text: &str, more: &[&str]) -> std::process::Output {
+    let file = team.path().join("team.toml");
+    std::fs::write(&file, text).unwrap();
+    let mut args = vec!["up", file.to_str().unwrap(), "--accept"];
+    args.extend_from_slice(more);
+    support::team::lead_cmd(team, "http://127.0.0.1:9", &args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_pruned_members_spend_stays_in_the_team_total_and_with_its_name() {
+    let team = Team::new();
+    let ann = "[[members]]\nname = \"ann\"\nrole = \"coder\"\nprompt = \"p\"\n";
+    let bob = "[[members]]\nname = \"bob\"\nrole = \"coder\"\nprompt = \"p\"\nbudget_usd = 0.015\n";
+    let o = up(&team, &format!("{ann}{bob}"), &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // bob spent $0.02 over two incarnations, and is shut down.
+    troupe::config::Roster::new(&team.dir)
+        .update(|cfg| {
+            let m = cfg.require_mut("bob")?;
+            let u = troupe::llm::Usage {
+                input_tokens: 1000,
+                ..Default::default()
+            };
+            troupe::cost::record_call(m, 1, &u, 0.01);
+            troupe::cost::record_call(m, 2, &u, 0.01);
+            m.status = MemberStatus::Shutdown;
+            Ok(())
+        })
+        .unwrap();
+    let team_cost = || {
+        let o = support::team::lead_cmd(&team, "http://127.0.0.1:9", &["status", "--json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["team"]["cost_usd"].as_f64().unwrap()
+    };
+    assert!((team_cost() - 0.02).abs() < 1e-9);
+    let o = up(&team, ann, &["--prune"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(team.dir.config().exists());
+    let cfg = troupe::config::Roster::new(&team.dir).load().unwrap();
+    assert!(cfg.member("bob").is_none());
+    // The team still counts what bob spent.
+    assert!((team_cost() - 0.02).abs() < 1e-9, "{}", team_cost());
+    // bob added again under his name, with the same budget: his earlier life counts.
+    let o = up(&team, &format!("{ann}{bob}"), &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("budget: bob spent $0.0200"), "{err}");
+}
