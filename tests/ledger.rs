@@ -148,3 +148,69 @@ fn a_pruned_members_spend_stays_in_the_team_total_and_with_its_name() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("budget: bob spent $0.0200"), "{err}");
 }
+
+/// Prices of the fake model: $10 per million tokens, so 1000 input tokens cost $0.01.
+const PRICES: &str = r#"{"claude-fake": {"input": 10, "output": 10}}"#;
+
+/// The environment of a worker with the test's prices (and `more`).
+fn priced<'a>(team: &Team, more: &[(&'a str, &'a str)]) -> Vec<(&'a str, String)> {
+    let p = team.path().join("prices.json");
+    std::fs::write(&p, PRICES).unwrap();
+    let mut env = vec![("TROUPE_PRICES", p.display().to_string())];
+    env.extend(more.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    env
+}
+
+fn non_compaction_requests(fake: &FakeLlm) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|r| !r.body.to_string().contains("[compaction]"))
+        .count()
+}
+
+#[test]
+fn a_compaction_call_that_crosses_the_budget_is_followed_by_no_other_call() {
+    let team = Team::new();
+    team.add_member("max", 1, false);
+    troupe::config::Roster::new(&team.dir)
+        .update_member("max", |m| m.budget_usd = Some(0.015))
+        .unwrap();
+    // Seven outputs of 50 KB, cut to an eighth of the context each: the next prompt is past
+    // the compaction threshold, and the summary call costs $0.02.
+    let fake = FakeLlm::start([
+        parallel_big_outputs(7, 50_000),
+        Reply::ok(anthropic_text("one call too many")),
+    ])
+    .patient(T);
+    fake.on_compaction(Reply::ok(anthropic_message(
+        r#"{"type":"text","text":"I printed a lot."}"#,
+        "end_turn",
+        r#"{"input_tokens":2000,"output_tokens":0}"#,
+    )));
+    team.send("max", "print seven big outputs at once");
+    let env = priced(&team, &[("TROUPE_CONTEXT_TOKENS", "30000")]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut w = team.worker("max", &fake.url(), &env);
+    let st = w.wait(T);
+    assert!(st.success(), "{st}: {}", team.stderr("max"));
+    let m = team.member("max");
+    assert_eq!(m.status, MemberStatus::Shutdown);
+    assert!(
+        m.reason.as_deref().unwrap_or_default().contains("budget"),
+        "{:?}",
+        m.reason
+    );
+    // The step's call and the compaction's, both in the ledger; no call after the compaction.
+    assert_eq!(m.calls, 2);
+    assert!((m.cost_usd - 0.02015).abs() < 1e-9, "{}", m.cost_usd);
+    assert_eq!(
+        fake.requests().len() - non_compaction_requests(&fake),
+        1,
+        "one compaction"
+    );
+    assert_eq!(
+        non_compaction_requests(&fake),
+        1,
+        "a call after the compaction"
+    );
+}

@@ -458,11 +458,20 @@ impl Teammate {
                 ..Activity::now(ActivityState::Working)
             });
             let force = self.forced_compaction == Some(call);
-            if let Err(e) = self.compact_if_needed(false)? {
-                match self.ride_out(e, call, wake)? {
+            match self.compact_if_needed(false)? {
+                Err(e) => match self.ride_out(e, call, wake)? {
                     Some(outcome) => return Ok(Some(outcome)),
                     None => continue,
+                },
+                // The summary is a billed call: one that crossed a budget is followed by no
+                // other model call.
+                Ok(true) => {
+                    if let Some(why) = self.over_budget() {
+                        self.budget_stop(&why)?;
+                        return Ok(Some(Outcome::Shutdown));
+                    }
                 }
+                Ok(false) => {}
             }
             let response = match self.call_model() {
                 Ok(r) => {
@@ -726,14 +735,15 @@ impl Teammate {
     /// Compacts the conversation before a model call when its prompt is estimated past
     /// [`compaction::COMPACT_AT`] of the context (or at once, with a smaller recent part, when
     /// `force`: the API said the prompt is too long). The summary is a model call of its own;
-    /// its failure is returned as the inner error, for the caller to ride out.
-    fn compact_if_needed(&mut self, force: bool) -> Result<std::result::Result<(), LlmError>> {
+    /// its failure is returned as the inner error, for the caller to ride out. `Ok(true)`: it
+    /// compacted, with a billed call (the caller checks the budget again before the next).
+    fn compact_if_needed(&mut self, force: bool) -> Result<std::result::Result<bool, LlmError>> {
         let ctx = self.context();
         let system = self.system_prompt();
         let specs = tools::teammate_specs(!self.plan_gate || self.gate_open);
         let before = compaction::estimate(&system, &specs, &self.conv.messages);
         if !force && !compaction::should_compact(before, ctx) {
-            return Ok(Ok(()));
+            return Ok(Ok(false));
         }
         let share = if force {
             compaction::KEEP_RECENT / 2.0
@@ -741,7 +751,7 @@ impl Teammate {
             compaction::KEEP_RECENT
         };
         let Some(at) = compaction::cut(&self.conv.messages, (ctx as f64 * share) as u64) else {
-            return Ok(Ok(()));
+            return Ok(Ok(false));
         };
         let req = compaction::summary_call(
             &self.model,
@@ -775,7 +785,7 @@ impl Teammate {
             "compacted",
             json!({"name": self.s.name, "replaced": at, "tokens_before": before, "tokens_after": after, "forced": force}),
         );
-        Ok(Ok(()))
+        Ok(Ok(true))
     }
 
     fn call_model(&mut self) -> std::result::Result<ChatResponse, LlmError> {
