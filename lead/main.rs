@@ -17,6 +17,7 @@ mod demo;
 mod demo_board;
 mod notify;
 mod sandbox_check;
+mod shell;
 mod supervisor;
 mod tasks;
 mod up;
@@ -91,6 +92,13 @@ enum Cmd {
     /// The sandbox of teammates' commands: `lead sandbox check [--json]` runs the negative
     /// checks in a real one (exit 1 when one does not hold).
     Sandbox(sandbox_check::SandboxArgs),
+    /// Print a completion script: `source <(lead completions bash)`; zsh and fish likewise.
+    Completions(shell::CompletionsArgs),
+    /// Print the man page lead(1); with --dir, write it and one page per command into DIR.
+    Man(shell::ManArgs),
+    /// Internal: member names or task ids, one a line, for the bash completion.
+    #[command(hide = true)]
+    CompleteNames(shell::NamesArgs),
     /// Internal: one writer process of `lead bench`.
     #[command(hide = true)]
     BenchWriter(bench::WriterArgs),
@@ -212,6 +220,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(args) => bench::run(args, cli.bus.as_deref()),
         Cmd::Sandbox(a) => sandbox_check::run(a),
+        Cmd::Completions(a) => shell::completions(a),
+        Cmd::Man(a) => shell::man(a),
+        Cmd::CompleteNames(a) => shell::names(team_dir, a),
         Cmd::BenchWriter(args) => bench::writer(args, cli.bus.as_deref()),
         Cmd::BenchWaiter(args) => bench::waiter(args, cli.bus.as_deref()),
     }

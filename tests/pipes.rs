@@ -38,13 +38,16 @@ fn big_team() -> Team {
     team
 }
 
-const COMMANDS: [&[&str]; 6] = [
+const COMMANDS: [&[&str]; 9] = [
     &["status"],
     &["status", "--json"],
     &["task", "list", "--json"],
     &["logs", "m00"],
     &["requests"],
     &["--help"],
+    &["completions", "bash"],
+    &["man"],
+    &["complete-names", "tasks"],
 ];
 
 fn command(team: &Team, args: &[&str]) -> Command {

@@ -31,7 +31,7 @@ use troupe::{AgentName, TeamDir};
     after_help = "`worker --build-id` prints the build id (the package version and a hash of the \
                   sources) and exits; `lead run` starts only workers of its own build."
 )]
-struct Args {
+pub(crate) struct Args {
     /// Team directory.
     #[arg(long, env = "TROUPE_TEAM_DIR", default_value = ".team", value_parser = troupe::fsutil::absolute_arg)]
     team_dir: PathBuf,
