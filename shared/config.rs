@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -504,6 +505,11 @@ impl Roster {
 /// A roster change kept until config.json can be written; applied again on every try.
 type PendingWrite = Box<dyn Fn(&mut TeamConfig) + Send>;
 
+/// How long a [`RosterWriter`] dropped with writes pending (its process exiting: a stop, a
+/// budget stop, a fatal error) keeps trying to write them. Shorter than the supervisor's
+/// default `--kill-grace` (5 s), so a worker it stops is not killed while it waits.
+pub const EXIT_FLUSH_WAIT: Duration = Duration::from_secs(3);
+
 /// Roster writes that outlast an unreadable or unwritable config.json.
 ///
 /// A person may be editing config.json by hand: while it does not parse (a typo, an editor that
@@ -511,6 +517,10 @@ type PendingWrite = Box<dyn Fn(&mut TeamConfig) + Send>;
 /// that finds the file unreadable (or that fails, say on a full disk) is kept, in order, and
 /// applied with the next write or [`RosterWriter::flush`] once the file parses again. Each
 /// distinct failure is logged once. The supervisor and the workers write through one of these.
+///
+/// Dropped with writes still pending, it tries again for up to [`EXIT_FLUSH_WAIT`] before it
+/// gives them up (logged as an error): what a worker records last, such as the usage of its
+/// last model call, is not lost to a stop that comes while a person fixes the file.
 pub struct RosterWriter {
     roster: Roster,
     pending: Vec<PendingWrite>,
@@ -596,6 +606,35 @@ impl RosterWriter {
         }
     }
 
+    /// Tries to write what is pending until nothing is, or `wait` has passed, trying again
+    /// every 100 ms. Returns whether nothing is left pending; what is still pending then is
+    /// logged as an error, for the caller is about to drop it.
+    pub fn flush_within(&mut self, wait: Duration) -> bool {
+        if self.flush() {
+            return true;
+        }
+        tracing::warn!(
+            "{} change(s) to {} not written yet; trying for up to {:.1} s before exiting",
+            self.pending.len(),
+            self.roster.place(),
+            wait.as_secs_f64()
+        );
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100).min(deadline - Instant::now()));
+            if self.flush() {
+                return true;
+            }
+        }
+        tracing::error!(
+            "{} change(s) to {} lost: it could not be written in time ({})",
+            self.pending.len(),
+            self.roster.place(),
+            self.last_error.as_deref().unwrap_or("unknown error")
+        );
+        false
+    }
+
     /// Whether writes are waiting for config.json.
     pub fn is_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -606,6 +645,12 @@ impl RosterWriter {
         self.is_pending()
             .then_some(self.last_error.as_deref())
             .flatten()
+    }
+}
+
+impl Drop for RosterWriter {
+    fn drop(&mut self) {
+        self.flush_within(EXIT_FLUSH_WAIT);
     }
 }
 
@@ -691,6 +736,29 @@ mod tests {
         let m = r.load().unwrap().members[0].clone();
         assert_eq!(m.restarts, 0);
         assert!(m.last_seen.is_some());
+    }
+
+    #[test]
+    fn a_dropped_writer_writes_what_is_pending_once_the_file_parses() {
+        let (_t, team, r) = roster();
+        r.update(|c| {
+            c.members.push(Member::new("a", "r"));
+            Ok(())
+        })
+        .unwrap();
+        let good = std::fs::read(team.config()).unwrap();
+        std::fs::write(team.config(), "{\"members\": [").unwrap();
+        let mut w = RosterWriter::new(r.clone());
+        assert!(!w.member("a", None, |m| m.calls = 7));
+        // The writer goes with its process; the file is fixed meanwhile.
+        let dropped = std::thread::spawn(move || drop(w));
+        std::fs::write(team.config(), good).unwrap();
+        dropped.join().unwrap();
+        assert_eq!(r.load().unwrap().members[0].calls, 7);
+        // With nothing pending, a drop writes nothing.
+        let before = std::fs::read(team.config()).unwrap();
+        drop(RosterWriter::new(r.clone()));
+        assert_eq!(std::fs::read(team.config()).unwrap(), before);
     }
 
     #[test]

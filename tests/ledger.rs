@@ -1,8 +1,10 @@
-//! What a worker records and what it sends, at the edges (review 3, minor notes m2, m4, m10),
-//! driven through the real `worker` against the fake LLM server: a compaction call that takes
-//! the member over its budget is followed by no other call; usage recorded while config.json
-//! does not parse survives the worker's exit; and a last turn whose many tool results do not fit
-//! the context together is shrunk to fit rather than ending the activation.
+//! What the team records and what a worker sends, at the edges (review 3, minor notes m2, m3,
+//! m4 and m10), through the real `worker` and `lead` against the fake LLM server: a compaction
+//! call that takes the member over its budget is followed by no other call; a member pruned by
+//! `lead up --prune` still counts toward the team's spend, and toward its name's budget when it
+//! is added again; usage recorded while config.json does not parse survives the worker's exit;
+//! and a last turn whose many tool results do not fit the context together is shrunk to fit
+//! rather than ending the activation.
 
 mod support;
 
@@ -213,4 +215,49 @@ fn a_compaction_call_that_crosses_the_budget_is_followed_by_no_other_call() {
         1,
         "a call after the compaction"
     );
+}
+
+#[test]
+fn usage_recorded_while_config_json_does_not_parse_survives_the_workers_exit() {
+    let team = Team::new();
+    team.add_member("ned", 1, false);
+    let fake = FakeLlm::start([]).patient(T);
+    team.send("ned", "say hello");
+    let env = priced(&team, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut w = team.worker("ned", &fake.url(), &env);
+    wait_until(T, "ned's model call", || {
+        (fake.request_count() == 1).then_some(())
+    });
+    // A person's edit in progress: config.json does not parse while the call is answered.
+    let good = std::fs::read(team.dir.config()).unwrap();
+    std::fs::write(team.dir.config(), "{\"members\": [").unwrap();
+    fake.push(Reply::ok(anthropic_message(
+        r#"{"type":"text","text":"hello"}"#,
+        "end_turn",
+        r#"{"input_tokens":1000,"output_tokens":0}"#,
+    )));
+    wait_until(T, "ned's write kept for later", || {
+        team.stderr("ned")
+            .contains("the change is kept")
+            .then_some(())
+    });
+    // Stopped meanwhile: it exits, or waits a little for config.json before it does.
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    wait_until(T, "ned exiting", || {
+        (w.try_status().is_some() || team.stderr("ned").contains("not written yet")).then_some(())
+    });
+    std::fs::write(team.dir.config(), good).unwrap();
+    let st = w.wait(T);
+    assert_eq!(st.code(), Some(143), "{}", team.stderr("ned"));
+    let m = team.member("ned");
+    assert_eq!(
+        m.calls,
+        1,
+        "the call's usage was lost: {}",
+        team.stderr("ned")
+    );
+    assert_eq!(m.usage.input_tokens, 1000);
+    assert!((m.cost_usd - 0.01).abs() < 1e-9, "{}", m.cost_usd);
+    assert_eq!(m.ledger.len(), 1);
 }
