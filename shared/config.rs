@@ -64,7 +64,8 @@ impl MemberStatus {
 
 impl fmt::Display for MemberStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, not `write_str`: `lead status` lines its columns up with `{:<9}`.
+        f.pad(self.as_str())
     }
 }
 
@@ -145,10 +146,11 @@ pub struct ExitInfo {
 
 impl fmt::Display for ExitInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Padded as a whole, for `lead status`'s `{:<9}` column.
         match (&self.code, &self.signal) {
-            (Some(c), _) => write!(f, "exit {c}"),
-            (None, Some(s)) => f.write_str(s),
-            (None, None) => f.write_str("-"),
+            (Some(c), _) => f.pad(&format!("exit {c}")),
+            (None, Some(s)) => f.pad(s),
+            (None, None) => f.pad("-"),
         }
     }
 }
@@ -657,6 +659,26 @@ impl Drop for RosterWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `lead status` lines its columns up with width specs, which `write_str` ignores.
+    #[test]
+    fn statuses_and_exits_fill_their_columns() {
+        assert_eq!(format!("{:<9}|", MemberStatus::Idle), "idle     |");
+        let exit = ExitInfo {
+            code: Some(1),
+            signal: None,
+        };
+        assert_eq!(format!("{exit:<9}|"), "exit 1   |");
+        let killed = ExitInfo {
+            code: None,
+            signal: Some("SIGKILL".into()),
+        };
+        assert_eq!(format!("{killed:>9}|"), "  SIGKILL|");
+        assert_eq!(
+            format!("{:<12}|", crate::tasks::TaskStatus::Pending),
+            "pending     |"
+        );
+    }
 
     fn roster() -> (tempfile::TempDir, TeamDir, Roster) {
         let tmp = tempfile::tempdir().unwrap();

@@ -173,7 +173,7 @@ impl PriceTable {
         let text = std::fs::read_to_string(&path).map_err(Error::io("read", &path))?;
         PriceTable::with_overrides(&text).map_err(|why| Error::Corrupt {
             path: path.clone(),
-            why: format!("not a price file ({why}); see README, Cost and budgets"),
+            why: format!("not a price file ({why}); see docs/budgets.md"),
         })
     }
 

@@ -30,7 +30,7 @@ pub enum RequestKind {
 
 impl fmt::Display for RequestKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             RequestKind::Shutdown => "shutdown",
             RequestKind::PlanApproval => "plan_approval",
         })
@@ -61,7 +61,7 @@ impl RequestStatus {
 
 impl fmt::Display for RequestStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
