@@ -303,6 +303,11 @@ fn defined_exit_codes(sources: &[(PathBuf, String)]) -> BTreeSet<u32> {
             if !(name.starts_with("EXIT_") || name.starts_with("EX_") || name == "REFUSED") {
                 continue;
             }
+            // Only integers are codes (`EXIT_FLUSH_WAIT` is a `Duration`).
+            let ty = rest.split_once('=').map_or("", |(t, _)| t.trim());
+            if !matches!(ty, "u8" | "i32" | "u32" | "i64" | "u16" | "usize") {
+                continue;
+            }
             let value = rest
                 .split_once('=')
                 .and_then(|(_, v)| v.trim().strip_suffix(';'))
@@ -373,4 +378,90 @@ fn exit_codes_chapter_agrees_with_the_code() {
         unknown.is_empty(),
         "docs/exit-codes.md lists codes the code never returns: {unknown:?}"
     );
+}
+
+/// The README's tour, run as a reader runs it: its two shell blocks (the cassette's `export`,
+/// then the script) in `bash -e` from the clone's root, with the built `lead` and `worker`
+/// first on `PATH` and no key. It must end with alice's work on disk and every process gone.
+#[test]
+fn readme_tour_runs_as_printed() {
+    if Command::new("jq").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "jq is missing: the tour needs it (.ci/run installs it)"
+        );
+        eprintln!("SKIPPED: jq is not installed");
+        return;
+    }
+    let text = readme();
+    let start = text
+        .find("## A five-minute tour")
+        .expect("the tour's heading");
+    let rest = &text[start + 3..];
+    let section = &rest[..rest.find("\n## ").unwrap_or(rest.len())];
+    let blocks = sh_blocks(section);
+    assert_eq!(blocks.len(), 2, "the tour is an export and a script");
+    assert!(blocks[0].iter().any(|l| l.contains("TROUPE_CASSETTE")));
+    let script = format!("{}\n{}\n", blocks[0].join("\n"), blocks[1].join("\n"));
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_lead")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("timeout");
+    cmd.args(["180", "bash", "-e", "-c", &script])
+        .current_dir(root())
+        .env("PATH", path)
+        .env("TMPDIR", tmp.path())
+        .env_remove("TROUPE_WORKER");
+    for var in [
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_API_KEY_FILE",
+        "OPENAI_API_KEY",
+        "OPENAI_API_KEY_FILE",
+        "OPENAI_BASE_URL",
+        "MODEL_ID",
+        "TROUPE_TEAM_DIR",
+        "TROUPE_BUS",
+        "TROUPE_PROVIDER",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The dir the script made with mktemp -d: stop whatever it left running, pass or fail.
+    let work = fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join(".team").is_dir());
+    if let Some(w) = &work {
+        let _ = Command::new(env!("CARGO_BIN_EXE_lead"))
+            .args(["stop", "--timeout", "5"])
+            .current_dir(w)
+            .env_remove("TROUPE_TEAM_DIR")
+            .output();
+    }
+    assert!(
+        out.status.success(),
+        "the tour failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let work = work.expect("the tour made a team dir under TMPDIR");
+    let hello = fs::read_to_string(work.join("hello.py")).unwrap();
+    assert!(hello.starts_with("#!"), "hello.py has no shebang: {hello}");
+    assert!(hello.contains("hello, world"), "{hello}");
+    for printed in [
+        "[idle_notification from alice]",
+        "completed    alice",
+        "print(\"hello, world\")",
+    ] {
+        assert!(
+            stdout.contains(printed),
+            "the tour did not print {printed:?}:\n{stdout}"
+        );
+    }
 }
