@@ -836,7 +836,11 @@ mod tests {
         assert_eq!(ids.len(), 2);
         assert!(ids.iter().all(|id| !j.has_seen(id)));
         assert_eq!(j.seen_count(), 0);
-        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        j.append(&[Entry::Idle {
+            at: 1.0,
+            notification: None,
+        }])
+        .unwrap();
         let entries = crate::transcript::read_entries(&path).unwrap();
         assert_eq!(entries.len(), 2, "{entries:?}");
     }

@@ -57,7 +57,23 @@ pub enum Entry {
     /// automatically): never shown to the model.
     Handled { ids: Vec<String>, at: f64 },
     /// The agent finished an activation and went idle.
-    Idle { at: f64 },
+    ///
+    /// Going idle is one step with effects outside the journal: `notification` (the
+    /// activation's summary) goes to the lead's inbox, and the `teammate_idle` hook mark to the
+    /// roster. The entry is written first, with the notification as it will be sent; an
+    /// [`Entry::IdleDelivered`] with its id follows once both effects are done. A restart that
+    /// finds the notification without it (a kill, a full lead inbox, an unreadable roster
+    /// meanwhile) does them again with the same message: the lead's journal drops the id it
+    /// holds, so the lead reads the summary once. Journals written before the notification was
+    /// journaled have none: nothing is pending for them.
+    Idle {
+        at: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notification: Option<Message>,
+    },
+    /// The notification of an [`Entry::Idle`] (by message id) is in the lead's inbox and the
+    /// hook mark in the roster: that idle step is complete.
+    IdleDelivered { id: String, at: f64 },
     /// What the person said to the LLM lead (`lead chat`): a user turn of its own.
     User { text: String, at: f64 },
     /// The conversation was compacted: every message before `keep_from` (an index into the
@@ -421,7 +437,11 @@ mod tests {
         assert_eq!(entries, vec![Entry::Inbox { message: m.clone() }]);
         assert!(j.has_seen(&m.id));
         assert_eq!(j.last_byte(), Some(b'\n'));
-        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        j.append(&[Entry::Idle {
+            at: 1.0,
+            notification: None,
+        }])
+        .unwrap();
         assert_eq!(read_entries(&path).unwrap().len(), 2);
     }
 
@@ -479,15 +499,56 @@ mod tests {
         let owner = own(&path);
         let (mut j, _) = Journal::open_path(path.clone(), &owner).unwrap();
         j.poisoned = true;
-        let e = j.append(&[Entry::Idle { at: 1.0 }]).unwrap_err();
+        let e = j
+            .append(&[Entry::Idle {
+                at: 1.0,
+                notification: None,
+            }])
+            .unwrap_err();
         assert!(matches!(e, Error::JournalPoisoned { .. }), "{e}");
         assert!(j.append(&[]).is_err());
         assert!(j.append_inbox_lines(&[]).is_err());
         assert!(j.refresh().is_err());
         assert!(read_entries(&path).unwrap().is_empty());
         let (mut j, _) = Journal::open_path(path.clone(), &owner).unwrap();
-        j.append(&[Entry::Idle { at: 1.0 }]).unwrap();
+        j.append(&[Entry::Idle {
+            at: 1.0,
+            notification: None,
+        }])
+        .unwrap();
         assert_eq!(read_entries(&path).unwrap().len(), 1);
+    }
+
+    /// An `idle` line of a journal written before idle notifications were journaled reads as
+    /// an idle with nothing to deliver; the new lines read back as written.
+    #[test]
+    fn idle_lines_old_and_new_read_back() {
+        let old: Entry = serde_json::from_str(r#"{"kind":"idle","at":1.5}"#).unwrap();
+        assert_eq!(
+            old,
+            Entry::Idle {
+                at: 1.5,
+                notification: None
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"kind":"idle","at":1.5}"#
+        );
+        let m = Message::new(MessageType::IdleNotification, "alice", "lead", "done");
+        for e in [
+            Entry::Idle {
+                at: 2.0,
+                notification: Some(m.clone()),
+            },
+            Entry::IdleDelivered {
+                id: m.id.clone(),
+                at: 3.0,
+            },
+        ] {
+            let line = serde_json::to_vec(&e).unwrap();
+            assert_eq!(parse_entry(&line).unwrap(), e);
+        }
     }
 
     #[test]
@@ -500,7 +561,11 @@ mod tests {
         let m = Message::new(MessageType::Message, "x", "lead", "1");
         b.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
         assert!(!a.has_seen(&m.id));
-        a.append(&[Entry::Idle { at: 0.0 }]).unwrap();
+        a.append(&[Entry::Idle {
+            at: 0.0,
+            notification: None,
+        }])
+        .unwrap();
         assert!(a.has_seen(&m.id));
         assert_eq!(read_entries(&path).unwrap().len(), 2);
     }

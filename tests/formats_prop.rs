@@ -1173,7 +1173,9 @@ fn entry() -> BoxedStrategy<Entry> {
             }),
         (prop::collection::vec(text(1..10), 0..3), finite())
             .prop_map(|(ids, at)| Entry::Handled { ids, at }),
-        finite().prop_map(|at| Entry::Idle { at }),
+        (finite(), prop::option::of(small_message()))
+            .prop_map(|(at, notification)| Entry::Idle { at, notification }),
+        (text(1..10), finite()).prop_map(|(id, at)| Entry::IdleDelivered { id, at }),
         (text(0..80), finite()).prop_map(|(text, at)| Entry::User { text, at }),
     ]
     .boxed()
@@ -1334,7 +1336,10 @@ proptest! {
         for id in inbox_ids(&want) {
             prop_assert!(journal.has_seen(&id));
         }
-        let idle = Entry::Idle { at: 1.5 };
+        let idle = Entry::Idle {
+            at: 1.5,
+            notification: None,
+        };
         journal.append(std::slice::from_ref(&idle)).unwrap();
         want.push(idle);
         prop_assert_eq!(read_entries(&path).unwrap(), want);

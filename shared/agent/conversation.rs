@@ -46,6 +46,18 @@ pub struct Rebuilt {
     pub turn_ended: bool,
     /// Compactions applied.
     pub compactions: u64,
+    /// Ends of activations whose idle step is not complete (see [`Entry::Idle`]), oldest first.
+    pub undelivered: Vec<Undelivered>,
+}
+
+/// An idle notification journaled and not yet known delivered: the lead may or may not have it,
+/// and the `teammate_idle` hook mark may or may not be in the roster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undelivered {
+    /// The notification exactly as journaled (its id included), sent again as it is.
+    pub notification: Message,
+    /// Model calls journaled when the activation ended: the hook mark's value.
+    pub calls: u64,
 }
 
 impl Rebuilt {
@@ -132,10 +144,19 @@ impl Rebuilt {
                 self.dangling.retain(|id| !answered.contains(id.as_str()));
                 push(&mut self.messages, Role::User, results.clone());
             }
-            Entry::Idle { .. } => {
+            Entry::Idle { notification, .. } => {
+                if let Some(n) = notification {
+                    self.undelivered.push(Undelivered {
+                        notification: n.clone(),
+                        calls: self.calls,
+                    });
+                }
                 self.idle = true;
                 self.idle_before_inbox = None;
                 self.calls_this_activation = 0;
+            }
+            Entry::IdleDelivered { id, .. } => {
+                self.undelivered.retain(|u| u.notification.id != *id);
             }
             Entry::Compaction {
                 summary, keep_from, ..
@@ -423,7 +444,10 @@ mod tests {
             assistant(vec![Block::Text {
                 text: "done".into(),
             }]),
-            Entry::Idle { at: 0.0 },
+            Entry::Idle {
+                at: 0.0,
+                notification: None,
+            },
         ];
         let r = Rebuilt::from_entries(&entries);
         assert_eq!(r.messages.len(), 4);
@@ -439,6 +463,57 @@ mod tests {
         assert!(r.idle && r.dangling.is_empty() && r.unseen.is_empty());
         assert_eq!(r.calls, 2);
         assert_eq!(r.last_text, "done");
+    }
+
+    /// Old finding 8: an idle step is pending from its `idle` entry until its `idle_delivered`,
+    /// across later activations, and an `idle` of an older journal (no notification) leaves
+    /// nothing pending.
+    #[test]
+    fn an_idle_notification_is_undelivered_until_its_delivery_is_journaled() {
+        let note = |text: &str| Message::new(MessageType::IdleNotification, "alice", "lead", text);
+        let (first, second) = (note("first"), note("second"));
+        let idle = |n: &Message| Entry::Idle {
+            at: 0.0,
+            notification: Some(n.clone()),
+        };
+        let delivered = |n: &Message| Entry::IdleDelivered {
+            id: n.id.clone(),
+            at: 0.0,
+        };
+        let done = || assistant(vec![Block::Text { text: "ok".into() }]);
+        let mut entries = vec![
+            Entry::Idle {
+                at: 0.0,
+                notification: None,
+            },
+            inbox("go"),
+            done(),
+            idle(&first),
+            inbox("again"),
+            done(),
+            done(),
+            idle(&second),
+        ];
+        let r = Rebuilt::from_entries(&entries);
+        let pending: Vec<(&str, u64)> = r
+            .undelivered
+            .iter()
+            .map(|u| (u.notification.content.as_str(), u.calls))
+            .collect();
+        assert_eq!(pending, [("first", 1), ("second", 3)]);
+        assert!(r.idle);
+        entries.push(delivered(&second));
+        let r = Rebuilt::from_entries(&entries);
+        assert_eq!(r.undelivered.len(), 1);
+        assert_eq!(r.undelivered[0].notification, first);
+        // Live, entry by entry, the same.
+        let mut live = Rebuilt::from_entries(&entries[..1]);
+        for e in &entries[1..] {
+            live.push_entry(e);
+        }
+        assert_eq!(live.undelivered, r.undelivered);
+        live.push_entry(&delivered(&first));
+        assert!(live.undelivered.is_empty() && live.idle);
     }
 
     #[test]
@@ -473,7 +548,10 @@ mod tests {
             assistant(vec![Block::Text {
                 text: "done".into(),
             }]),
-            Entry::Idle { at: 0.0 },
+            Entry::Idle {
+                at: 0.0,
+                notification: None,
+            },
             Entry::Inbox {
                 message: wake.clone(),
             },

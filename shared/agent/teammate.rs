@@ -2,8 +2,9 @@
 //!
 //! One activation: drain the inbox (journaled), show unseen messages to the model as one user
 //! turn, call the model, run the tools it asks for, journal all results as one entry, repeat
-//! until the model stops asking for tools or the call budget is spent. Then: status `idle`, an
-//! `idle_notification` to the lead, and a blocking wait on the inbox. Every step is journaled
+//! until the model stops asking for tools or the call budget is spent. Then: an
+//! `idle_notification` to the lead (journaled first, so that it is sent exactly once whatever
+//! stops the process), status `idle`, and a blocking wait on the inbox. Every step is journaled
 //! (fsynced) before the next, so a `kill -9` anywhere resumes from the journal.
 
 use std::os::fd::BorrowedFd;
@@ -96,6 +97,12 @@ pub struct Teammate {
     outage_wait: Option<Duration>,
     /// When the model API went down, while it is down.
     outage_since: Option<f64>,
+    /// Ids of the undelivered idle notifications ([`Rebuilt::undelivered`]) this process has
+    /// put in the lead's inbox and whose hook mark it has handed to `record`: what is left of
+    /// their idle step is the roster write and the journal entry saying it is done.
+    idle_sent: Vec<String>,
+    /// The last failure to send an idle notification, so that each distinct one is logged once.
+    idle_error: Option<String>,
     term: Arc<AtomicBool>,
 }
 
@@ -131,6 +138,8 @@ impl Teammate {
             outage_wait: None,
             forced_compaction: None,
             outage_since: None,
+            idle_sent: Vec::new(),
+            idle_error: None,
             s,
             provider,
             journal,
@@ -233,6 +242,9 @@ impl Teammate {
             if self.terminated() {
                 return Ok(Outcome::Terminated);
             }
+            // Ends of activations not yet reported (a restart after a kill, a full lead inbox,
+            // an unreadable roster) go out first, in order.
+            self.report_idle()?;
             // `working` before the drain: whoever sees this teammate `idle` with an empty inbox
             // knows it has nothing left to do (the LLM lead's quiet-team check relies on it).
             if !self.inbox.is_empty() {
@@ -255,15 +267,20 @@ impl Teammate {
                     None => continue,
                 }
             }
-            // Nothing to do (also right after a restart between activations): say so.
-            self.set_status(MemberStatus::Idle)?;
+            // Nothing to do (also right after a restart between activations): say so, once
+            // the lead has every summary (see `go_idle`).
+            if self.idle_all_sent() {
+                self.set_status(MemberStatus::Idle)?;
+            }
             // An auto-claimer then looks at the board: after saying it is idle, so that a task
             // completed from now on wakes it (only idle claimers are woken), and none is missed.
             if self.auto_claim && self.claim_next()? {
                 continue;
             }
-            // Writes that wait for config.json are retried every second meanwhile.
-            let timeout = self.record.is_pending().then_some(Duration::from_secs(1));
+            // Writes that wait for config.json, and idle steps not complete, are retried every
+            // second meanwhile.
+            let retry = self.record.is_pending() || !self.conv.undelivered.is_empty();
+            let timeout = retry.then_some(Duration::from_secs(1));
             self.record.flush();
             match waiter.wait(timeout, &[wake])? {
                 Wake::External => return Ok(Outcome::Terminated),
@@ -630,32 +647,95 @@ impl Teammate {
         }
     }
 
+    /// Ends the activation: journals the end with the idle notification (the summary for the
+    /// lead), then completes the idle step ([`Teammate::report_idle`]) and says `idle`.
     fn go_idle(&mut self) -> Result<()> {
-        let entry = Entry::Idle { at: fsutil::now() };
-        self.journal.append(std::slice::from_ref(&entry))?;
-        self.conv.push_entry(&entry);
-        // Notify before the status flips, so whoever sees `idle` finds the summary waiting. A
-        // restart re-sends the same id, which the lead's dedup drops.
         let summary: String = self.conv.last_text.chars().take(4000).collect();
-        let mut msg = Message::new(
+        // A fresh id: a re-send takes the message, id and all, from the journal. (An id derived
+        // from the call count would be that of the previous idle when an activation ends with
+        // no model call of its own, a prompt too long to send: the lead would drop its summary.)
+        let msg = Message::new(
             MessageType::IdleNotification,
             self.s.name.as_str(),
             LEAD,
             summary,
         );
-        msg.id =
-            crate::ids::derived(&format!("idle:{}:{}", self.s.name, self.conv.calls)).to_string();
-        Inbox::new(&self.s.team, &AgentName::lead()).append(&msg, Durability::Sync)?;
-        // The team's teammate_idle hooks run on it: the supervisor finds the mark in the
-        // roster, so an idle that happens while no supervisor runs is hooked by the next one.
-        let hooked = Roster::new(&self.s.team)
-            .load()
-            .is_ok_and(|c| crate::hooks::any_for(&c.hooks, crate::hooks::HookEvent::TeammateIdle));
-        if hooked {
-            let calls = self.conv.calls;
-            self.write(move |m| m.idle_hook_pending = Some(calls));
+        let entry = Entry::Idle {
+            at: fsutil::now(),
+            notification: Some(msg),
+        };
+        self.journal.append(std::slice::from_ref(&entry))?;
+        self.conv.push_entry(&entry);
+        self.report_idle()?;
+        // Notified before the status flips, so whoever sees `idle` finds the summary waiting.
+        if self.idle_all_sent() {
+            self.set_status(MemberStatus::Idle)?;
         }
-        self.set_status(MemberStatus::Idle)
+        Ok(())
+    }
+
+    /// Completes the idle steps journaled and not known done ([`Rebuilt::undelivered`]), oldest
+    /// first: the notification goes to the lead's inbox, then the `teammate_idle` hook mark to
+    /// the roster, then an [`Entry::IdleDelivered`] to the journal. A step cut short by a kill
+    /// is done again by the restart, with the same message (same id: the lead's journal drops
+    /// the copy). A notification the lead's inbox refuses (full, say) is kept and tried again
+    /// every second; so is a mark while config.json does not parse. `Err` only when the journal
+    /// fails.
+    fn report_idle(&mut self) -> Result<()> {
+        if self.conv.undelivered.is_empty() {
+            return Ok(());
+        }
+        let lead = Inbox::new(&self.s.team, &AgentName::lead());
+        for u in &self.conv.undelivered {
+            if self.idle_sent.contains(&u.notification.id) {
+                continue;
+            }
+            if let Err(e) = lead.append(&u.notification, Durability::Sync) {
+                let e = e.to_string();
+                if self.idle_error.as_ref() != Some(&e) {
+                    tracing::warn!("idle notification not sent, trying again every second: {e}");
+                    self.idle_error = Some(e);
+                }
+                // Later ones wait: the lead hears of its activations in order.
+                break;
+            }
+            if self.idle_error.take().is_some() {
+                tracing::info!("idle notification sent");
+            }
+            self.record.apply(idle_hook_mark(
+                self.s.name.to_string(),
+                self.incarnation,
+                u.calls,
+            ));
+            self.idle_sent.push(u.notification.id.clone());
+        }
+        // Every mark handed over is in the roster only once nothing is pending.
+        if self.idle_sent.is_empty() || !self.record.flush() {
+            return Ok(());
+        }
+        let done: Vec<Entry> = self
+            .idle_sent
+            .iter()
+            .map(|id| Entry::IdleDelivered {
+                id: id.clone(),
+                at: fsutil::now(),
+            })
+            .collect();
+        self.journal.append(&done)?;
+        for entry in &done {
+            self.conv.push_entry(entry);
+        }
+        self.idle_sent.clear();
+        Ok(())
+    }
+
+    /// Whether every idle notification journaled is in the lead's inbox (their hook marks may
+    /// still wait for config.json: the roster gets them before any later status).
+    fn idle_all_sent(&self) -> bool {
+        self.conv
+            .undelivered
+            .iter()
+            .all(|u| self.idle_sent.contains(&u.notification.id))
     }
 
     fn system_prompt(&self) -> String {
@@ -1088,6 +1168,31 @@ impl Teammate {
 /// The id of the `task_assignment` a member sends itself for a task it claimed.
 fn claim_id(task: &str, member: &str) -> String {
     crate::ids::derived(&format!("claim:{task}:{member}")).to_string()
+}
+
+/// The roster write that marks an idle of member `name` (incarnation `incarnation`, after
+/// `calls` model calls) for the team's `teammate_idle` hooks. Whether the team has any is read
+/// from the roster it writes: while config.json does not parse the write waits (see
+/// [`RosterWriter`]) rather than guess, so no hook is skipped and no mark is left for hooks
+/// that are not there. A process that a newer incarnation replaced marks nothing.
+fn idle_hook_mark(
+    name: String,
+    incarnation: u64,
+    calls: u64,
+) -> impl Fn(&mut crate::config::TeamConfig) + Send + 'static {
+    move |cfg| {
+        if !crate::hooks::any_for(&cfg.hooks, crate::hooks::HookEvent::TeammateIdle) {
+            return;
+        }
+        if let Some(m) = cfg.member_mut(&name)
+            && m.incarnation == incarnation
+        {
+            let now = fsutil::now();
+            m.idle_hook_pending = Some(calls);
+            m.updated_at = Some(now);
+            m.last_seen = Some(now);
+        }
+    }
 }
 
 /// The ledger and the budget stop.
