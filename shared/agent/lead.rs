@@ -243,15 +243,20 @@ impl Lead {
             if let Err(e) = self.compact_if_needed(ctx)? {
                 return Ok(TurnEnd::Llm(e));
             }
+            // Compaction keeps the prompt inside the context; a last turn whose tool results
+            // are too many together is cut to fit, as a teammate's is; the bound is the last
+            // resort.
+            let system = self.system_prompt();
+            let specs = tools::lead_specs();
+            let messages = compaction::fit_last_turn(&self.conv.messages, &system, &specs, ctx);
             let req = ChatRequest {
                 model: self.s.model.clone(),
-                system: self.system_prompt(),
-                // Compaction keeps the prompt inside the context; the bound is the last resort.
+                system,
                 messages: conversation::bound(
-                    &self.conv.messages,
+                    &messages,
                     (ctx * compaction::BYTES_PER_TOKEN) as usize,
                 ),
-                tools: tools::lead_specs(),
+                tools: specs,
                 max_tokens: self.s.max_tokens,
                 agent: LEAD.to_owned(),
                 seq: self.conv.calls,
