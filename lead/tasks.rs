@@ -173,6 +173,9 @@ fn show(team: &TeamDir, a: IdArgs) -> anyhow::Result<u8> {
     if let Some(c) = t.completed_at {
         println!("completed_at: {c:.3}");
     }
+    if t.completion > 0 {
+        println!("completions: {}", t.completion);
+    }
     if !t.description.is_empty() {
         println!("description:\n{}", t.description);
     }
