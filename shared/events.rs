@@ -93,7 +93,7 @@ fn parse_lines(bytes: &[u8]) -> Vec<Value> {
 /// written last line is left for the next call.
 ///
 /// On a bus the offset is the position in the event stream instead (see
-/// [`crate::bus::read_events`]).
+/// `bus::read_events`).
 pub fn read_from(team: &TeamDir, offset: u64) -> Result<(Vec<Value>, u64)> {
     use std::io::{Read, Seek, SeekFrom};
     if let Some(bus) = team.bus() {

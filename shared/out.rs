@@ -34,7 +34,7 @@ pub fn print(args: fmt::Arguments<'_>, newline: bool) {
     }
 }
 
-/// [`print`] to stderr.
+/// [`print()`] to stderr.
 pub fn eprint(args: fmt::Arguments<'_>, newline: bool) {
     let mut err = io::stderr().lock();
     let written = err.write_fmt(args).and_then(|()| {

@@ -252,7 +252,7 @@ fn add(wt: &Worktree) -> Result<()> {
 /// `None` when it cannot be read (its dir is gone, or its admin dir is not known).
 ///
 /// git runs with the git dir, common dir and work tree troupe recorded, whatever the
-/// worktree's `.git` file or the admin dir's `commondir` say now, and with [`SAFE`].
+/// worktree's `.git` file or the admin dir's `commondir` say now, and with `SAFE`.
 pub fn is_dirty(wt: &Worktree) -> Option<bool> {
     let admin = wt.admin.as_ref()?;
     if !wt.path.is_dir() || !admin.is_dir() {

@@ -18,7 +18,7 @@
 //!
 //! The worker probes once, at start, which of these work here ([`Sandbox::prepare`]) and
 //! records the result in its member's `sandbox` status. The plan of the children is built
-//! before any fork ([`plan`]); the children's system calls are in [`enter`], run by the keeper
+//! before any fork (`plan`); the children's system calls are in `enter`, run by the keeper
 //! (`crate::tools::keeper`).
 
 pub(crate) mod enter;
