@@ -10,6 +10,13 @@
 //!   requests until the supervisor reaped the exit, `kill -9` of idle workers until they are
 //!   `idle` again in their next incarnation (the restart backoff shown apart), and the graceful
 //!   stop of whoever is left.
+//! - `spawn_call`: the spawn call alone, into a team no supervisor runs (nothing else takes
+//!   `config.lock`), with one roster update of the full roster taken apart; `spawn_100` reports
+//!   its spawn calls (total and each) apart from spawn -> idle.
+//! - `worker_startup`: spawn -> idle, idle RSS and CPU per worker for the separate `worker`
+//!   binary and the lead's built-in worker, each with `--sandbox off` and `best-effort`, in the
+//!   same run; `targets` says whether the sandboxed rows are within 10 % (spawn -> idle p50) and
+//!   0.1 MB (RSS) of the unsandboxed ones. `--team-only` runs just the team sections.
 //! - `prompt_cache`: one real worker (this binary started as `worker`) runs a 30-step tool loop
 //!   (`bash` printing 1.8 KB a step) against the caching stub of [`crate::cache_stub`], which
 //!   bills prompt caching by the documented rules; reports the share of prompt tokens read from
@@ -75,6 +82,10 @@ pub struct BenchArgs {
     /// Messages each writer process appends in the Redis throughput runs.
     #[arg(long, default_value_t = 20_000)]
     redis_messages: u64,
+    /// Run only the team sections (spawn calls, spawn -> idle, worker start-up, shutdown,
+    /// recovery).
+    #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only"])]
+    team_only: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -224,6 +235,25 @@ fn run_in(
         doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
         return Ok(doc);
     }
+    if a.team_only {
+        let mut doc = json!({
+            "machine": machine(scratch),
+            "git_commit": git_commit(),
+            "git_dirty": git_dirty(),
+        });
+        team_sections(a, exe, scratch, &mut doc);
+        let mut t = targets(&doc);
+        if let Some(t) = t.as_object_mut() {
+            t.retain(|k, _| {
+                ["spawn", "idle", "shutdown", "sandbox_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            });
+        }
+        doc["targets"] = t;
+        doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
+        return Ok(doc);
+    }
     let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
         writer_cmd(exe, dir, w, n, d, go, None)
     };
@@ -296,11 +326,6 @@ fn run_in(
     let bash_json = section(bash_round_trip(scratch));
     let cache_json = section(prompt_cache(exe, scratch));
 
-    let team = team_bench(a, exe, scratch).unwrap_or_else(|e| {
-        let err = section(Err(e));
-        vec![("spawn_100", err)]
-    });
-
     let mut doc = json!({
         "machine": machine(scratch),
         "git_commit": git_commit(),
@@ -317,15 +342,27 @@ fn run_in(
         "bash_round_trip": bash_json,
         "prompt_cache": cache_json,
     });
-    for (k, v) in team {
-        doc[k] = v;
-    }
+    team_sections(a, exe, scratch, &mut doc);
     if !redis_json.is_null() {
         doc["redis"] = redis_json;
     }
     doc["targets"] = targets(&doc);
     doc["bench_seconds"] = json!(round3(started.elapsed().as_secs_f64()));
     Ok(doc)
+}
+
+/// The team sections, into `doc`: the cost of the spawn call alone, then the team bench.
+fn team_sections(a: &BenchArgs, exe: &Path, scratch: &Path, doc: &mut Value) {
+    doc["spawn_call"] = section(spawn_call(scratch, a.workers));
+    let team = team_bench(a, exe, scratch).unwrap_or_else(|e| {
+        let err = section(Err(e));
+        vec![("spawn_100", err)]
+    });
+    for (k, v) in team {
+        doc[k] = v;
+    }
+    doc["worker_startup"] = section(worker_startup(a, exe, scratch));
+    report_startup(&startup_targets(doc));
 }
 
 /// The inbox on a Redis bus: throughput with 1 and 4 writer processes drained on every
@@ -553,7 +590,7 @@ fn targets(doc: &Value) -> Value {
     let rss = doc["spawn_100"]["rss_mb_mean"].as_f64();
     let shut_p50 = doc["shutdown_round_trip"]["p50_ms"].as_f64();
     let cache_share = doc["prompt_cache"]["cache_read_share"].as_f64();
-    json!({
+    let mut t = json!({
         "prompt_cache_read_share": {
             "target": ">= 0.85 of prompt tokens read from cache over the 30-step loop (issue 12)",
             "share": cache_share,
@@ -597,7 +634,11 @@ fn targets(doc: &Value) -> Value {
             "ms": shut_p50,
             "met": shut_p50.is_some_and(|p| p < 100.0),
         },
-    })
+    });
+    if let (Some(t), Value::Object(s)) = (t.as_object_mut(), startup_targets(doc)) {
+        t.extend(s);
+    }
+    t
 }
 
 /// A child that gets SIGKILL if this process dies (a bench killed midway leaves nothing).
@@ -775,6 +816,112 @@ fn find_event(
         .find(|e| e["event"] == event && e["name"] == name))
 }
 
+/// What the bench spawns member `name` with.
+fn bench_spec(name: &str) -> SpawnSpec {
+    SpawnSpec {
+        name: name.to_owned(),
+        role: "bench".into(),
+        prompt: "Say you are ready.".into(),
+        model: None,
+        require_plan_approval: false,
+        auto_claim: false,
+        budget_usd: None,
+        budget_tokens: None,
+        worktree: false,
+        host: None,
+    }
+}
+
+/// The spawn call alone: `workers` calls of [`ops::spawn`] into a fresh team that no
+/// supervisor runs (nothing else writes its roster), then what one call is made of, each part
+/// timed on the full roster: the roster update (read and parse, serialize, durable replace) and
+/// the task's durable append to the inbox.
+fn spawn_call(scratch: &Path, workers: usize) -> anyhow::Result<Value> {
+    use troupe::inbox::{Durability, Inbox};
+    use troupe::message::{Message, MessageType};
+    const REPEAT: usize = 21;
+    let team = TeamDir::create(scratch.join("spawn-call-team"))?;
+    let mut each = Vec::with_capacity(workers);
+    let t0 = Instant::now();
+    for i in 0..workers {
+        let t = Instant::now();
+        ops::spawn(&team, &bench_spec(&member_name(i)))?;
+        each.push(ms(t.elapsed()));
+    }
+    let total = t0.elapsed();
+    let median = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        let mut v = Vec::with_capacity(REPEAT);
+        for _ in 0..REPEAT {
+            let t = Instant::now();
+            f()?;
+            v.push(ms(t.elapsed()));
+        }
+        v.sort_by(f64::total_cmp);
+        Ok(v[v.len() / 2])
+    };
+    let roster = Roster::new(&team);
+    let cfg = roster.load()?;
+    let bytes = serde_json::to_vec_pretty(&cfg)?;
+    let load = median(&mut || roster.load().map(|_| ()).map_err(Into::into))?;
+    let serialize = median(&mut || {
+        serde_json::to_vec_pretty(&cfg)
+            .map(|_| ())
+            .map_err(Into::into)
+    })?;
+    let replace = median(&mut || Ok(fsutil::atomic_write(&team.config(), &bytes)?))?;
+    let update = median(&mut || {
+        Ok(roster.update(|c| {
+            c.members[0].updated_at = Some(fsutil::now());
+            Ok(())
+        })?)
+    })?;
+    let name = troupe::AgentName::teammate(&member_name(0))?;
+    let inbox = Inbox::new(&team, &name);
+    let append = median(&mut || {
+        let m = Message::new(MessageType::Message, "lead", name.as_str(), "bench");
+        Ok(inbox.append(&m, Durability::Sync)?)
+    })?;
+    let s = Summary::of(&each).context("no spawn calls")?;
+    eprintln!(
+        "spawn call, no supervisor: {workers} calls in {:.0} ms (p50 {:.2} ms); one roster \
+         update of {workers} members {update:.2} ms (read+parse {load:.2}, serialize \
+         {serialize:.2}, durable replace {replace:.2}), task append {append:.2} ms",
+        ms(total),
+        s.p50_ms
+    );
+    Ok(json!({
+        "measured": "ops::spawn (as `lead spawn` does, in process) into a team no supervisor runs: nothing else takes config.lock",
+        "calls": workers,
+        "total_ms": ms(total),
+        "each": s,
+        "roster_bytes": bytes.len(),
+        "full_roster_ms": {
+            "measured": format!("median of {REPEAT}, on the roster of {workers} members"),
+            "update": update,
+            "read_parse": load,
+            "serialize": serialize,
+            "durable_replace": replace,
+            "task_append_sync": append,
+        },
+    }))
+}
+
+/// The environment of a bench supervisor: the replay provider, named explicitly so no API key
+/// in the environment takes over; empty values switch off recording, ordered replay and pacing
+/// inherited from the environment.
+fn replay_envs(cassette: &Path) -> Vec<(String, String)> {
+    [
+        ("TROUPE_PROVIDER", "replay".to_owned()),
+        ("TROUPE_CASSETTE", cassette.display().to_string()),
+        ("TROUPE_RECORD", String::new()),
+        ("TROUPE_REPLAY_PROGRESS", String::new()),
+        ("TROUPE_REPLAY_PACE_MS", String::new()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
 /// Runs the team measurements; each key of the result is one section of the document (a
 /// section that failed holds `{"error": ...}`).
 fn team_bench(
@@ -793,18 +940,7 @@ fn team_bench(
     if delay_flag {
         args.extend(["--restart-delay".to_owned(), a.restart_delay.to_string()]);
     }
-    // The replay provider, named explicitly so no API key in the environment takes over; empty
-    // values switch off recording, ordered replay and pacing inherited from the environment.
-    let envs: Vec<(String, String)> = [
-        ("TROUPE_PROVIDER", "replay".to_owned()),
-        ("TROUPE_CASSETTE", cassette.display().to_string()),
-        ("TROUPE_RECORD", String::new()),
-        ("TROUPE_REPLAY_PROGRESS", String::new()),
-        ("TROUPE_REPLAY_PACE_MS", String::new()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    let envs = replay_envs(&cassette);
     let watch = RootWatch::new(team.root());
     let child = supervisor::start_background(&team, &args, &envs, Attach::Child)?;
     let sup_pid = child.id();
@@ -813,7 +949,7 @@ fn team_bench(
     let mut pids_seen: Vec<u32> = Vec::new();
 
     let names: Vec<String> = (0..a.workers).map(member_name).collect();
-    let spawn = spawn_phase(&team, &watch, &names, sup_pid, &mut pids_seen);
+    let spawn = spawn_phase(&team, &watch, &names, sup_pid, &mut pids_seen, "team");
     let spawned_ok = spawn.is_ok();
     out.push(("spawn_100", section(spawn)));
     if spawned_ok {
@@ -878,33 +1014,21 @@ fn spawn_phase(
     names: &[String],
     sup_pid: u32,
     pids_seen: &mut Vec<u32>,
+    label: &str,
 ) -> anyhow::Result<Value> {
     let roster = Roster::new(team);
-    eprintln!("team: spawning {} workers", names.len());
+    eprintln!("{label}: spawning {} workers", names.len());
     let t0 = Instant::now();
     let mut idle_at: HashMap<String, Duration> = HashMap::new();
     // Spawn from a second thread while this one watches the roster, so early members' idle
     // times are seen as they happen, not after the last spawn call.
     let (spawned_at, cfg) = std::thread::scope(|s| {
-        let spawner = s.spawn(|| -> anyhow::Result<Vec<Duration>> {
+        let spawner = s.spawn(|| -> anyhow::Result<Vec<(Duration, Duration)>> {
             let mut at = Vec::with_capacity(names.len());
             for name in names {
-                ops::spawn(
-                    team,
-                    &SpawnSpec {
-                        name: name.clone(),
-                        role: "bench".into(),
-                        prompt: "Say you are ready.".into(),
-                        model: None,
-                        require_plan_approval: false,
-                        auto_claim: false,
-                        budget_usd: None,
-                        budget_tokens: None,
-                        worktree: false,
-                        host: None,
-                    },
-                )?;
-                at.push(t0.elapsed());
+                let before = t0.elapsed();
+                ops::spawn(team, &bench_spec(name))?;
+                at.push((before, t0.elapsed()));
             }
             Ok(at)
         });
@@ -936,7 +1060,11 @@ fn spawn_phase(
             .map_err(|_| anyhow::anyhow!("the spawning thread panicked"))?;
         anyhow::Ok((spawned?, cfg?))
     })?;
-    let spawn_calls = spawned_at.last().copied().unwrap_or_default();
+    let spawn_calls = spawned_at.last().map(|c| c.1).unwrap_or_default();
+    let call_ms: Vec<f64> = spawned_at
+        .iter()
+        .map(|(a, b)| ms(b.saturating_sub(*a)))
+        .collect();
     let all_idle = t0.elapsed();
     let mut times: Vec<f64> = idle_at.values().map(|d| d.as_secs_f64() * 1000.0).collect();
     times.sort_by(f64::total_cmp);
@@ -944,16 +1072,20 @@ fn spawn_phase(
     let each: Vec<f64> = names
         .iter()
         .zip(&spawned_at)
-        .filter_map(|(n, at)| Some(idle_at.get(n)?.saturating_sub(*at).as_secs_f64() * 1000.0))
+        .filter_map(|(n, at)| Some(idle_at.get(n)?.saturating_sub(at.1).as_secs_f64() * 1000.0))
         .collect();
     let mut rss = Vec::new();
     let mut anon = Vec::new();
+    let mut tree = Vec::new();
+    let mut cpu = Vec::new();
     for m in &cfg.members {
         let pid = m.pid.context("an idle member without a pid")?;
         pids_seen.push(pid);
         let (r, an) = bench::vm_rss(pid).with_context(|| format!("no /proc/{pid}/status"))?;
         rss.push(r as f64 / 1024.0);
         anon.push(an as f64 / 1024.0);
+        tree.push(tree_rss_kib(pid) as f64 / 1024.0);
+        cpu.push(cpu_ms(pid).unwrap_or(0.0));
     }
     let mean = |v: &[f64]| round3(v.iter().sum::<f64>() / v.len().max(1) as f64);
     let max = |v: &[f64]| round3(v.iter().copied().fold(0.0, f64::max));
@@ -968,6 +1100,8 @@ fn spawn_phase(
         "workers": names.len(),
         "measured": "first `spawn` (in-process ops::spawn, as `lead spawn` does) -> every member `idle` in config.json, with a supervisor already running",
         "spawn_calls_ms": ms(spawn_calls),
+        "spawn_call_each": Summary::of(&call_ms),
+        "idle_after_last_spawn_call_ms": ms(all_idle.saturating_sub(spawn_calls)),
         "first_idle_ms": round3(times.first().copied().unwrap_or(0.0)),
         "median_idle_ms": round3(times.get(times.len() / 2).copied().unwrap_or(0.0)),
         "all_idle_ms": ms(all_idle),
@@ -975,18 +1109,195 @@ fn spawn_phase(
         "rss_mb_mean": mean(&rss),
         "rss_mb_max": max(&rss),
         "rss_anon_mb_mean": mean(&anon),
+        "rss_with_children_mb_mean": mean(&tree),
+        "cpu_ms_mean": mean(&cpu),
         "supervisor_rss_mb": bench::vm_rss(sup_pid).map(|(r, _)| round3(r as f64 / 1024.0)),
         "workers_on_polling_fallback": polling,
     });
     eprintln!(
-        "team: {} workers idle in {:.0} ms, RSS mean {:.2} MB (anon {:.2} MB), max {:.2} MB",
+        "{label}: {} workers idle in {:.0} ms (spawn calls {:.0} ms, each p50 {:.2} ms; \
+         spawn -> idle p50 {:.0} ms), RSS mean {:.2} MB (anon {:.2} MB), max {:.2} MB, \
+         CPU {:.0} ms a worker",
         names.len(),
         ms(all_idle),
+        ms(spawn_calls),
+        doc["spawn_call_each"]["p50_ms"].as_f64().unwrap_or(0.0),
+        doc["each_spawn_to_idle"]["p50_ms"].as_f64().unwrap_or(0.0),
         mean(&rss),
         mean(&anon),
-        max(&rss)
+        max(&rss),
+        mean(&cpu)
     );
     Ok(doc)
+}
+
+/// The children of process `pid` (of all its threads).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// VmRSS of `pid` and of all its descendants, in KiB: an idle worker's sandbox keeps no process,
+/// and this shows it.
+fn tree_rss_kib(pid: u32) -> u64 {
+    let own = bench::vm_rss(pid).map_or(0, |(r, _)| r);
+    own + children(pid).into_iter().map(tree_rss_kib).sum::<u64>()
+}
+
+/// CPU time (user + system) process `pid` used so far, with that of its children it reaped.
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses: state is field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f
+        .get(11..15)?
+        .iter()
+        .filter_map(|x| x.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 * 1000.0 / hz)
+}
+
+/// How workers start, in the same run: for the separate `worker` binary (when it is built beside
+/// this lead) and for the lead's built-in worker, with the sandbox `off` and `best-effort`, a
+/// team of `workers` spawned to `idle` as in `spawn_100`, each under its own supervisor.
+fn worker_startup(a: &BenchArgs, exe: &Path, scratch: &Path) -> anyhow::Result<Value> {
+    // The built-in worker through `TROUPE_WORKER`: a link named `worker` to this lead (the lead
+    // runs as the worker when started as `worker`), so a `worker` beside it is not chosen.
+    let links = scratch.join("built-in");
+    fsutil::create_dir(&links)?;
+    let built_in = links.join("worker");
+    std::os::unix::fs::symlink(exe, &built_in)
+        .with_context(|| format!("failed to link {}", built_in.display()))?;
+    let beside = exe.with_file_name("worker");
+    let mut kinds = vec![("built_in", Some(built_in))];
+    if beside.is_file() {
+        kinds.insert(0, ("binary", Some(beside)));
+    } else {
+        eprintln!(
+            "worker start-up: no {} (cargo build --release --bin worker): the separate binary is not measured",
+            beside.display()
+        );
+    }
+    let cassette = scratch.join("startup.cassette.jsonl");
+    write_cassette(&cassette, a.workers)?;
+    let names: Vec<String> = (0..a.workers).map(member_name).collect();
+    let mut out = json!({
+        "measured": "as spawn_100, one team per row, each under its own supervisor; spawn_to_idle_ms is the p50 of each member's spawn call -> idle",
+    });
+    for (kind, path) in kinds {
+        let mut rows = json!({"program": path.as_ref().map(|p| p.display().to_string())});
+        for sandbox in ["off", "best-effort"] {
+            let label = format!("{kind}, sandbox {sandbox}");
+            let root = scratch.join(format!("startup-{kind}-{sandbox}"));
+            let team = TeamDir::create(root.join("team"))?;
+            let work = root.join("work");
+            fsutil::create_dir(&work)?;
+            let args: Vec<String> = vec![
+                "--workdir".into(),
+                work.display().to_string(),
+                "--sandbox".into(),
+                sandbox.into(),
+            ];
+            let mut envs = replay_envs(&cassette);
+            if let Some(p) = &path {
+                envs.push(("TROUPE_WORKER".into(), p.display().to_string()));
+            }
+            let watch = RootWatch::new(team.root());
+            let row = (|| -> anyhow::Result<Value> {
+                let child = supervisor::start_background(&team, &args, &envs, Attach::Child)?;
+                let sup_pid = child.id();
+                let mut sup = OwnedSupervisor { child: Some(child) };
+                let mut pids = Vec::new();
+                let r = spawn_phase(&team, &watch, &names, sup_pid, &mut pids, &label)?;
+                sup.stop()?;
+                Ok(json!({
+                    "all_idle_ms": r["all_idle_ms"],
+                    "spawn_to_idle_ms": r["each_spawn_to_idle"]["p50_ms"],
+                    "spawn_calls_ms": r["spawn_calls_ms"],
+                    "rss_mb_mean": r["rss_mb_mean"],
+                    "rss_mb_max": r["rss_mb_max"],
+                    "rss_with_children_mb_mean": r["rss_with_children_mb_mean"],
+                    "cpu_ms_mean": r["cpu_ms_mean"],
+                    "sandbox": Roster::new(&team).load().ok().and_then(|c| {
+                        c.members.first()?.sandbox.as_ref().map(|s| s.describe())
+                    }),
+                }))
+            })();
+            rows[sandbox] = section(row);
+        }
+        out[kind] = rows;
+    }
+    Ok(out)
+}
+
+/// The sandbox's cost at start-up, per worker kind of [`worker_startup`]: sandboxed spawn ->
+/// idle within 10 % of `--sandbox off`, and idle RSS within 0.1 MB.
+fn startup_targets(doc: &Value) -> Value {
+    let mut t = json!({});
+    for kind in ["binary", "built_in"] {
+        let rows = &doc["worker_startup"][kind];
+        if rows.is_null() {
+            continue;
+        }
+        let (off, on) = (&rows["off"], &rows["best-effort"]);
+        let (idle_off, idle_on) = (
+            off["spawn_to_idle_ms"].as_f64(),
+            on["spawn_to_idle_ms"].as_f64(),
+        );
+        let (rss_off, rss_on) = (off["rss_mb_mean"].as_f64(), on["rss_mb_mean"].as_f64());
+        let ratio = idle_off.zip(idle_on).map(|(f, n)| round3(n / f.max(0.001)));
+        let diff = rss_off.zip(rss_on).map(|(f, n)| round3(n - f));
+        t[format!("sandbox_spawn_to_idle_{kind}")] = json!({
+            "target": "sandboxed spawn -> idle (p50) within 10 % of --sandbox off",
+            "off_ms": idle_off,
+            "sandboxed_ms": idle_on,
+            "ratio": ratio,
+            "met": ratio.is_some_and(|r| r <= 1.10),
+        });
+        t[format!("sandbox_rss_{kind}")] = json!({
+            "target": "sandboxed idle RSS (mean VmRSS) within 0.1 MB of --sandbox off",
+            "off_mb": rss_off,
+            "sandboxed_mb": rss_on,
+            "diff_mb": diff,
+            "met": diff.is_some_and(|d| d <= 0.1),
+        });
+    }
+    t
+}
+
+/// Prints the start-up rows of [`worker_startup`] and its targets, one line each.
+fn report_startup(t: &Value) {
+    let Some(t) = t.as_object() else { return };
+    for (k, v) in t {
+        let met = if v["met"] == true { "met" } else { "NOT met" };
+        if k.starts_with("sandbox_spawn_to_idle") {
+            eprintln!(
+                "{k}: off {} ms, sandboxed {} ms (x{}); target {}: {met}",
+                v["off_ms"], v["sandboxed_ms"], v["ratio"], v["target"]
+            );
+        } else {
+            eprintln!(
+                "{k}: off {} MB, sandboxed {} MB ({:+} MB); target {}: {met}",
+                v["off_mb"],
+                v["sandboxed_mb"],
+                v["diff_mb"].as_f64().unwrap_or(f64::NAN),
+                v["target"]
+            );
+        }
+    }
 }
 
 fn shutdown_phase(team: &TeamDir, watch: &RootWatch, names: &[String]) -> anyhow::Result<Value> {
