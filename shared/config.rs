@@ -546,6 +546,14 @@ impl RosterWriter {
         self.flush()
     }
 
+    /// Keeps `f` to be written with the next write or [`RosterWriter::flush`], after the writes
+    /// pending before it: one roster rewrite (and one `config.lock` hold) for changes that come
+    /// together. The caller flushes before it waits for anything (a kill in between loses `f`,
+    /// as it would lose a change not yet made).
+    pub fn defer(&mut self, f: impl Fn(&mut TeamConfig) + Send + 'static) {
+        self.pending.push(Box::new(f));
+    }
+
     /// Changes member `name`'s record, stamping `updated_at`; with `incarnation`, only while the
     /// record is still that incarnation's (a process a newer one replaced writes nothing, and
     /// stamps `last_seen` when it does write). A member that is not in the roster is skipped.
@@ -555,21 +563,17 @@ impl RosterWriter {
         incarnation: Option<u64>,
         f: impl Fn(&mut Member) + Send + 'static,
     ) -> bool {
-        let name = name.to_owned();
-        self.apply(move |cfg| {
-            let Some(m) = cfg.member_mut(&name) else {
-                return;
-            };
-            if incarnation.is_some_and(|i| i != m.incarnation) {
-                return;
-            }
-            let now = fsutil::now();
-            f(m);
-            m.updated_at = Some(now);
-            if incarnation.is_some() {
-                m.last_seen = Some(now);
-            }
-        })
+        self.apply(member_change(name, incarnation, f))
+    }
+
+    /// [`RosterWriter::member`], kept for the next write (see [`RosterWriter::defer`]).
+    pub fn member_later(
+        &mut self,
+        name: &str,
+        incarnation: Option<u64>,
+        f: impl Fn(&mut Member) + Send + 'static,
+    ) {
+        self.defer(member_change(name, incarnation, f));
     }
 
     /// Tries to write what is pending. Returns whether nothing is left pending.
@@ -647,6 +651,29 @@ impl RosterWriter {
         self.is_pending()
             .then_some(self.last_error.as_deref())
             .flatten()
+    }
+}
+
+/// The change of [`RosterWriter::member`] as a roster write.
+fn member_change(
+    name: &str,
+    incarnation: Option<u64>,
+    f: impl Fn(&mut Member) + Send + 'static,
+) -> impl Fn(&mut TeamConfig) + Send + 'static {
+    let name = name.to_owned();
+    move |cfg: &mut TeamConfig| {
+        let Some(m) = cfg.member_mut(&name) else {
+            return;
+        };
+        if incarnation.is_some_and(|i| i != m.incarnation) {
+            return;
+        }
+        let now = fsutil::now();
+        f(m);
+        m.updated_at = Some(now);
+        if incarnation.is_some() {
+            m.last_seen = Some(now);
+        }
     }
 }
 
@@ -758,6 +785,36 @@ mod tests {
         let m = r.load().unwrap().members[0].clone();
         assert_eq!(m.restarts, 0);
         assert!(m.last_seen.is_some());
+    }
+
+    #[test]
+    fn deferred_changes_go_out_with_the_next_write_as_one_rewrite() {
+        let (_t, team, r) = roster();
+        r.update(|c| {
+            c.members.push(Member::new("a", "r"));
+            Ok(())
+        })
+        .unwrap();
+        let inode =
+            || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(team.config()).unwrap());
+        let before = inode();
+        let mut w = RosterWriter::new(r.clone());
+        w.member_later("a", None, |m| m.restarts = 4);
+        w.defer(|c| c.members[0].restarts *= 10);
+        // Kept, not written.
+        assert!(w.is_pending());
+        assert_eq!(r.load().unwrap().members[0].restarts, 0);
+        assert_eq!(inode(), before);
+        // The next write carries them, in order.
+        assert!(w.member("a", None, |m| m.restarts += 2));
+        assert!(!w.is_pending());
+        assert_eq!(r.load().unwrap().members[0].restarts, 42);
+        let after = inode();
+        assert_ne!(after, before);
+        // A flush writes what was deferred alone.
+        w.member_later("a", None, |m| m.restarts = 7);
+        assert!(w.flush());
+        assert_eq!(r.load().unwrap().members[0].restarts, 7);
     }
 
     #[test]

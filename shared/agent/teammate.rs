@@ -149,8 +149,11 @@ impl Teammate {
             term,
         };
         t.gate_open = t.plan_approved()?;
+        // Written with the first status (one roster rewrite fewer for every start).
         let sandbox = t.s.sandbox.status().clone();
-        t.write(move |m| m.sandbox = Some(sandbox.clone()));
+        let (name, inc) = (t.s.name.to_string(), t.incarnation);
+        t.record
+            .member_later(&name, Some(inc), move |m| m.sandbox = Some(sandbox.clone()));
         Ok(t)
     }
 
@@ -209,6 +212,13 @@ impl Teammate {
         if self.status == Some(status) {
             return Ok(());
         }
+        self.queue_status(status);
+        self.record.flush();
+        Ok(())
+    }
+
+    /// [`Teammate::set_status`], written with the next write or flush.
+    fn queue_status(&mut self, status: MemberStatus) {
         let pid = std::process::id();
         // Working says which model call comes next, so the first call of an activation
         // costs no write of its own.
@@ -222,16 +232,16 @@ impl Teammate {
             _ => None,
         };
         self.shown = activity.clone();
-        self.write(move |m| {
-            m.status = status;
-            m.pid = Some(pid);
-            m.activity = activity.clone();
-            if status == MemberStatus::Shutdown {
-                m.pid = None;
-            }
-        });
+        self.record
+            .member_later(self.s.name.as_str(), Some(self.incarnation), move |m| {
+                m.status = status;
+                m.pid = Some(pid);
+                m.activity = activity.clone();
+                if status == MemberStatus::Shutdown {
+                    m.pid = None;
+                }
+            });
         self.status = Some(status);
-        Ok(())
     }
 
     /// Runs until an approved shutdown, a signal, or a fatal provider error. `wake` is a
@@ -244,7 +254,7 @@ impl Teammate {
             }
             // Ends of activations not yet reported (a restart after a kill, a full lead inbox,
             // an unreadable roster) go out first, in order.
-            self.report_idle()?;
+            self.report_idle(false)?;
             // `working` before the drain: whoever sees this teammate `idle` with an empty inbox
             // knows it has nothing left to do (the LLM lead's quiet-team check relies on it).
             if !self.inbox.is_empty() {
@@ -666,7 +676,7 @@ impl Teammate {
         };
         self.journal.append(std::slice::from_ref(&entry))?;
         self.conv.push_entry(&entry);
-        self.report_idle()?;
+        self.report_idle(true)?;
         // Notified before the status flips, so whoever sees `idle` finds the summary waiting.
         if self.idle_all_sent() {
             self.set_status(MemberStatus::Idle)?;
@@ -679,9 +689,11 @@ impl Teammate {
     /// the roster, then an [`Entry::IdleDelivered`] to the journal. A step cut short by a kill
     /// is done again by the restart, with the same message (same id: the lead's journal drops
     /// the copy). A notification the lead's inbox refuses (full, say) is kept and tried again
-    /// every second; so is a mark while config.json does not parse. `Err` only when the journal
+    /// every second; so is a mark while config.json does not parse. With `then_idle`, once every
+    /// notification is in the lead's inbox, `idle` goes to the roster in the same write as the
+    /// marks (one roster rewrite for the end of an activation). `Err` only when the journal
     /// fails.
-    fn report_idle(&mut self) -> Result<()> {
+    fn report_idle(&mut self, then_idle: bool) -> Result<()> {
         if self.conv.undelivered.is_empty() {
             return Ok(());
         }
@@ -702,12 +714,15 @@ impl Teammate {
             if self.idle_error.take().is_some() {
                 tracing::info!("idle notification sent");
             }
-            self.record.apply(idle_hook_mark(
+            self.record.defer(idle_hook_mark(
                 self.s.name.to_string(),
                 self.incarnation,
                 u.calls,
             ));
             self.idle_sent.push(u.notification.id.clone());
+        }
+        if then_idle && self.idle_all_sent() && self.status != Some(MemberStatus::Idle) {
+            self.queue_status(MemberStatus::Idle);
         }
         // Every mark handed over is in the roster only once nothing is pending.
         if self.idle_sent.is_empty() || !self.record.flush() {
