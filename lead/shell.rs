@@ -103,6 +103,7 @@ pub fn completions(a: CompletionsArgs) -> anyhow::Result<u8> {
     clap_complete::generate(shell, &mut cmd, "lead", &mut out);
     let mut script = String::from_utf8(out).context("the completion script is not UTF-8")?;
     if let Shell::Bash = a.shell {
+        script = bash_defaults(&script)?;
         script.push_str(&bash_names(&lead_command())?);
     }
     print!("{script}");
@@ -169,6 +170,26 @@ pub fn names(team_dir: &Path, a: NamesArgs) -> anyhow::Result<u8> {
         println!("{n}");
     }
     Ok(0)
+}
+
+/// The line [`bash_defaults`] puts first in clap's `_lead`.
+const BASH_DEFAULT_ARGS: &str = r#"    (( $# )) || set -- "${COMP_WORDS[0]}" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}""#;
+
+/// clap's bash script with its `_lead` made to work when called by hand with no arguments
+/// (`COMP_WORDS=(lead sp) COMP_CWORD=1 _lead`, as in a script that checks the completion): it
+/// then takes the command, the current word and the previous one from `COMP_WORDS`, as bash
+/// passes them.
+fn bash_defaults(script: &str) -> anyhow::Result<String> {
+    let head = "_lead() {\n";
+    let at = script
+        .find(head)
+        .context("internal: clap's bash script has no _lead function")?
+        + head.len();
+    Ok(format!(
+        "{}{BASH_DEFAULT_ARGS}\n{}",
+        &script[..at],
+        &script[at..]
+    ))
 }
 
 /// The bash function appended to clap's script (see the module), generated from `cmd`: which

@@ -85,6 +85,27 @@ printf '%s\n' "${COMPREPLY[@]}""#,
         .collect()
 }
 
+/// `_lead` called by hand with no arguments after sourcing, as a script checking the completion
+/// does (bash itself passes the command, the word and the previous word).
+#[test]
+fn bash_lead_called_by_hand_completes_spawn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = lead_in(tmp.path(), &["completions", "bash"]);
+    let script = tmp.path().join("lead.bash");
+    std::fs::write(&script, &o.stdout).unwrap();
+    let o = Command::new("bash")
+        .arg("--norc")
+        .arg("-c")
+        .arg(r#"source "$1" && COMP_WORDS=(lead sp) && COMP_CWORD=1 && _lead && printf '%s\n' "${COMPREPLY[@]}""#)
+        .arg("bash")
+        .arg(&script)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "bash: {o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "spawn", "{o:?}");
+}
+
 #[test]
 fn bash_completes_subcommands_with_clap_function() {
     let tmp = tempfile::tempdir().unwrap();
