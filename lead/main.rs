@@ -9,8 +9,6 @@
 //! `lead`, can still run a team. `lead run` starts this built-in worker when no `worker` of the
 //! same build is at hand (see [`worker_exe`]).
 
-mod bench;
-mod cache_stub;
 mod chat;
 mod commands;
 mod demo;
@@ -87,8 +85,6 @@ enum Cmd {
     Chat(chat::ChatArgs),
     /// Run a whole team on the shipped cassette (no network, no key), printing a timeline.
     Demo(demo::DemoArgs),
-    /// Measure inbox throughput (and more) and print one JSON document.
-    Bench(bench::BenchArgs),
     /// The sandbox of teammates' commands: `lead sandbox check [--json]` runs the negative
     /// checks in a real one (exit 1 when one does not hold).
     Sandbox(sandbox_check::SandboxArgs),
@@ -99,12 +95,6 @@ enum Cmd {
     /// Internal: member names or task ids, one a line, for the bash completion.
     #[command(hide = true)]
     CompleteNames(shell::NamesArgs),
-    /// Internal: one writer process of `lead bench`.
-    #[command(hide = true)]
-    BenchWriter(bench::WriterArgs),
-    /// Internal: the idle recipient of `lead bench`'s wake-up latency.
-    #[command(hide = true)]
-    BenchWaiter(bench::WaiterArgs),
 }
 
 fn main() -> ExitCode {
@@ -123,20 +113,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let bench = matches!(
-        cli.command,
-        Cmd::Bench(_) | Cmd::BenchWriter(_) | Cmd::BenchWaiter(_)
-    );
-    if bench {
-        // The bench picks the bus of each measurement itself (the file bus always, the Redis
-        // one with `--bus`): no team dir it opens, and no process it starts, may take the
-        // environment's.
-        // SAFETY: no other thread exists yet (nothing has been started since main began).
-        unsafe { std::env::remove_var(troupe::bus::BUS_ENV) };
-    } else if let Some(url) = &cli.bus {
+    if let Some(url) = &cli.bus {
         // Every team dir this process opens reads the bus from the environment, and the
         // workers it starts inherit it.
-        // SAFETY: as above.
+        // SAFETY: no other thread exists yet (nothing has been started since main began).
         unsafe { std::env::set_var(troupe::bus::BUS_ENV, url) };
     }
     // The conversational commands share the terminal with a person: only warnings there.
@@ -218,13 +198,10 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Up(a) => up::run(team_dir, a),
         Cmd::Chat(a) => chat::run(team_dir, a),
         Cmd::Demo(a) => demo::run(a),
-        Cmd::Bench(args) => bench::run(args, cli.bus.as_deref()),
         Cmd::Sandbox(a) => sandbox_check::run(a),
         Cmd::Completions(a) => shell::completions(a),
         Cmd::Man(a) => shell::man(a),
         Cmd::CompleteNames(a) => shell::names(team_dir, a),
-        Cmd::BenchWriter(args) => bench::writer(args, cli.bus.as_deref()),
-        Cmd::BenchWaiter(args) => bench::waiter(args, cli.bus.as_deref()),
     }
 }
 

@@ -5,7 +5,6 @@
 //! clients, the tools and the agent loop. The binaries never open team files by hand.
 
 pub mod agent;
-pub mod bench;
 pub mod bus;
 pub mod config;
 pub mod cost;

@@ -1,12 +1,12 @@
 //! Issue 12, caching that pays: a real `worker` runs a 30-step tool loop (each step a `bash`
 //! command printing 1.8 KB) against a stand-in for the Anthropic API that bills prompt caching
-//! by the documented rules (`lead/cache_stub.rs`: exact-byte prefixes, a 1,024-token minimum,
+//! by the documented rules (`bench/cache_stub.rs`: exact-byte prefixes, a 1,024-token minimum,
 //! a 20-block lookback, at most 4 breakpoints or a 400). Most of each prompt must be read from
 //! cache, and the member's ledger in config.json must be exactly what the stub billed.
 
 mod support;
 
-#[path = "../lead/cache_stub.rs"]
+#[path = "../bench/cache_stub.rs"]
 mod cache_stub;
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! A stand-in for the Anthropic Messages API that bills prompt caching as the API documents it
-//! (`shared/REFERENCE.md`, "Prompt caching"), for `lead bench` and `tests/caching.rs` (which
-//! includes this file with `#[path]`). It is measuring code, so it lives beside the bench, not
-//! in the library.
+//! (`shared/REFERENCE.md`, "Prompt caching"), for `troupe-bench` and `tests/caching.rs` (which
+//! includes this file with `#[path]`). It is measuring code, so it lives in the bench, not in
+//! the library or the binaries.
 //!
 //! It listens on `127.0.0.1:0` (std `TcpListener`, one thread per connection, one request per
 //! connection, `Connection: close`) and answers `POST /v1/messages`.
@@ -37,7 +37,7 @@
 
 #![allow(
     dead_code,
-    reason = "the lead binary and the test binary each use a part of the stub"
+    reason = "troupe-bench and the test binary each use a part of the stub"
 )]
 
 use std::collections::HashMap;

@@ -1,20 +1,16 @@
-//! Benchmarks that print numbers (never timed assertions in tests).
+//! The inbox sections: throughput and wake-up latency, and the writer and waiter processes they
+//! start (this executable re-run with a hidden subcommand).
 //!
-//! [`inbox_throughput`] measures append+drain through one inbox with N concurrent writer
-//! processes, for troupe's locked append / journaled drain and for the naive baseline of the
-//! reference design (unlocked appends; the reader reads the file, then truncates it, without the
-//! writers' lock). Writers are separate processes (the `lead` binary re-run with a hidden
-//! subcommand), as they are in a real team.
+//! [`throughput`] measures append+drain through one inbox with N concurrent writer processes,
+//! for troupe's locked append / journaled drain and for the naive baseline of the reference
+//! design (unlocked appends; the reader reads the file, then truncates it, without the writers'
+//! lock). Writers are separate processes, as they are in a real team.
 //!
-//! [`wake_latency`] measures send -> recipient-awake latency: a waiter process ([`run_waiter`])
+//! [`wake_latency`] measures send -> recipient-awake latency: a waiter process ([`waiter`])
 //! blocks on its inbox exactly as an idle worker does ([`InboxWaiter::wait`], then
 //! [`Inbox::drain`] into a journal) and reports, on its stdout, the `CLOCK_MONOTONIC` instants
 //! at which it woke and finished draining; the sender appends one message at a time with
 //! [`Durability::Sync`] (as `lead send` does) and waits for each report before the next send.
-//!
-//! The team-level measurements (100 workers, shutdown round trip, recovery after `kill -9`) need
-//! the supervisor and live in the `lead` binary; [`Summary`], [`vm_rss`] and [`monotonic_ns`]
-//! are shared with them.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -23,14 +19,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use serde_json::{Value, json};
+use troupe::eprintln;
 
-use crate::bus::{RedisBus, RedisInbox};
-use crate::error::{Error, Result};
-use crate::inbox::{Durability, Inbox};
-use crate::message::{Message, MessageType};
-use crate::teamdir::{AgentName, TeamDir};
-use crate::transcript::Journal;
-use crate::wait::{InboxWaiter, Wake};
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use troupe::bus::{RedisBus, RedisInbox};
+use troupe::fsutil::HeldLock;
+use troupe::inbox::{Durability, Inbox};
+use troupe::message::{Message, MessageType};
+use troupe::teamdir::{AgentName, TeamDir};
+use troupe::transcript::Journal;
+use troupe::wait::{InboxWaiter, Wake};
+
+use crate::BenchArgs;
+use crate::measure::{Summary, round3};
 
 /// Which append/drain discipline a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -92,10 +94,12 @@ fn cpu_seconds(who: libc::c_int) -> f64 {
 const DRAIN_INTERVAL: Duration = Duration::from_millis(5);
 
 /// The owner lock of `name`'s journal in a bench team dir (nobody else uses it).
-fn own(team: &TeamDir, name: &AgentName) -> Result<crate::fsutil::HeldLock> {
-    Journal::try_own(team, name)?.ok_or_else(|| Error::Locked {
-        what: "a bench journal",
-        path: team.transcript_lock(name),
+fn own(team: &TeamDir, name: &AgentName) -> Result<HeldLock> {
+    Journal::try_own(team, name)?.with_context(|| {
+        format!(
+            "failed to own a bench journal: {} is locked",
+            team.transcript_lock(name).display()
+        )
     })
 }
 
@@ -113,7 +117,7 @@ fn bench_message(writer: usize, seq: u64) -> Message {
     )
 }
 
-/// The writer side, run in a child process: wait for `go`, then append `count` messages.
+/// The writer side, run in a child process ([`writer`]): wait for `go`, then append `count` messages.
 pub fn run_writer(
     team: &Path,
     writer: usize,
@@ -130,7 +134,7 @@ pub fn run_writer(
     }
     match discipline {
         Discipline::Redis => {
-            let bus = bus.ok_or_else(|| Error::Protocol("the Redis bench needs a bus".into()))?;
+            let bus = bus.context("the Redis bench needs a bus")?;
             let inbox = RedisInbox::new(bus, &team, &name);
             for seq in 0..count {
                 let m = bench_message(writer, seq);
@@ -150,11 +154,11 @@ pub fn run_writer(
                 .append(true)
                 .create(true)
                 .open(&path)
-                .map_err(Error::io("open", &path))?;
+                .with_context(|| format!("failed to open {}", path.display()))?;
             for seq in 0..count {
                 let m = bench_message(writer, seq);
                 f.write_all(&m.to_line()?)
-                    .map_err(Error::io("append to", &path))?;
+                    .with_context(|| format!("failed to append to {}", path.display()))?;
             }
         }
     }
@@ -162,8 +166,8 @@ pub fn run_writer(
 }
 
 /// Runs one throughput measurement. `writer_cmd(team, writer, count, discipline, go)` builds the
-/// command that runs [`run_writer`] in a child process.
-pub fn inbox_throughput(
+/// command that runs [`run_writer`] in a child process ([`writer_cmd`]).
+pub fn throughput(
     scratch: &Path,
     writers: usize,
     per_writer: u64,
@@ -183,7 +187,7 @@ pub fn inbox_throughput(
             writer_cmd(team.root(), w, per_writer, discipline, &go)
                 .stdin(Stdio::null())
                 .spawn()
-                .map_err(Error::io("spawn bench writer", "lead"))
+                .context("failed to start a bench writer")
         })
         .collect::<Result<_>>()?;
     // Let every writer reach its wait loop before starting the clock.
@@ -198,7 +202,7 @@ pub fn inbox_throughput(
             Some((r, w))
         }
         (Discipline::Redis, None) => {
-            return Err(Error::Protocol("the Redis bench needs a bus".into()));
+            bail!("the Redis bench needs a bus");
         }
         _ => None,
     };
@@ -224,7 +228,7 @@ pub fn inbox_throughput(
         }
     };
     let children_before = cpu_seconds(libc::RUSAGE_CHILDREN);
-    std::fs::write(&go, b"").map_err(Error::io("write", &go))?;
+    std::fs::write(&go, b"").with_context(|| format!("failed to write {}", go.display()))?;
     let start = Instant::now();
     let consumer_before = cpu_seconds(libc::RUSAGE_THREAD);
     let mut done = false;
@@ -256,12 +260,8 @@ pub fn inbox_throughput(
     let seconds = start.elapsed().as_secs_f64();
     let consumer_cpu = cpu_seconds(libc::RUSAGE_THREAD) - consumer_before;
     for k in &mut kids {
-        let status = k
-            .wait()
-            .map_err(Error::io("wait for bench writer", "lead"))?;
-        if !status.success() {
-            return Err(Error::Protocol(format!("bench writer failed: {status}")));
-        }
+        let status = k.wait().context("failed to wait for a bench writer")?;
+        ensure!(status.success(), "a bench writer failed: {status}");
     }
     let writer_cpu = cpu_seconds(libc::RUSAGE_CHILDREN) - children_before;
     if let Some((r, _)) = &redis {
@@ -289,14 +289,16 @@ pub fn inbox_throughput(
 /// The reference design's drain: read everything, then truncate, with no lock.
 fn naive_drain(path: &Path) -> Result<Vec<Message>> {
     let mut buf = Vec::new();
-    let mut f = std::fs::File::open(path).map_err(Error::io("open", path))?;
-    f.read_to_end(&mut buf).map_err(Error::io("read", path))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("failed to open {}", path.display()))?;
+    f.read_to_end(&mut buf)
+        .with_context(|| format!("failed to read {}", path.display()))?;
     drop(f);
     OpenOptions::new()
         .write(true)
         .truncate(true)
         .open(path)
-        .map_err(Error::io("truncate", path))?;
+        .with_context(|| format!("failed to truncate {}", path.display()))?;
     Ok(buf
         .split(|&b| b == b'\n')
         .filter_map(|l| Message::parse_line(l).ok())
@@ -317,53 +319,6 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Percentiles of a set of durations, in milliseconds (nearest rank).
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    pub samples: usize,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub mean_ms: f64,
-}
-
-impl Summary {
-    /// Summarizes `ms`; `None` when it is empty.
-    pub fn of(ms: &[f64]) -> Option<Summary> {
-        if ms.is_empty() {
-            return None;
-        }
-        let mut v = ms.to_vec();
-        v.sort_by(f64::total_cmp);
-        let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        Some(Summary {
-            samples: v.len(),
-            p50_ms: round3(rank(0.50)),
-            p99_ms: round3(rank(0.99)),
-            max_ms: round3(v[v.len() - 1]),
-            mean_ms: round3(v.iter().sum::<f64>() / v.len() as f64),
-        })
-    }
-}
-
-/// Rounds to three decimals (microseconds, for milliseconds), to keep the JSON readable.
-pub fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-/// Resident set size of a process from `/proc/PID/status`, in KiB: `(VmRSS, RssAnon)`.
-/// `VmRSS` counts the shared pages of the binary and libraries too; `RssAnon` is the process's
-/// own heap and stacks.
-pub fn vm_rss(pid: u32) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-    };
-    Some((field("VmRSS:")?, field("RssAnon:").unwrap_or(0)))
-}
-
 /// The waiter's inbox name.
 fn waiter_name() -> AgentName {
     AgentName::teammate("waiter").expect("valid name")
@@ -372,7 +327,7 @@ fn waiter_name() -> AgentName {
 /// Content of the message that ends [`run_waiter`].
 const WAITER_STOP: &str = "stop";
 
-/// The recipient side of [`wake_latency`], run in a child process: blocks on its inbox as an
+/// The recipient side of [`wake_latency`], run in a child process ([`waiter`]): blocks on its inbox as an
 /// idle worker does and, per drain, writes `WOKE_NS DRAINED_NS COUNT` (monotonic instants) to
 /// `out`. First writes `ready inotify` or `ready polling`. Returns after a message saying
 /// `stop`, or when `out` is closed.
@@ -401,7 +356,7 @@ pub fn run_waiter(team: &Path, out: &mut dyn Write, bus: Option<&RedisBus>) -> R
     let report = |out: &mut dyn Write, line: String| {
         out.write_all(line.as_bytes())
             .and_then(|()| out.flush())
-            .map_err(Error::io("report to", "the bench"))
+            .context("failed to report to the bench")
     };
     report(out, format!("ready {mode}\n"))?;
     loop {
@@ -472,21 +427,21 @@ pub fn wake_latency(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(Error::io("spawn bench waiter", "lead"))?;
+        .context("failed to start the bench waiter")?;
     let mut child = KillOnDrop(child);
     let stdout = child.0.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
     let mut next_line = || -> Result<String> {
         match lines.next() {
             Some(Ok(l)) => Ok(l),
-            Some(Err(e)) => Err(Error::io("read from", "the bench waiter")(e)),
-            None => Err(Error::Protocol("the bench waiter exited early".into())),
+            Some(Err(e)) => Err(anyhow!(e).context("failed to read from the bench waiter")),
+            None => bail!("the bench waiter exited early"),
         }
     };
     let ready = next_line()?;
     let waiter_mode = ready
         .strip_prefix("ready ")
-        .ok_or_else(|| Error::Protocol(format!("bench waiter said {ready:?}")))?
+        .with_context(|| format!("the bench waiter said {ready:?}"))?
         .to_owned();
     let (mut drained_ms, mut woken_ms, mut append_ms) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=samples {
@@ -510,13 +465,12 @@ pub fn wake_latency(
             .filter_map(|x| x.parse().ok())
             .collect();
         let [woke, drained, count] = nums[..] else {
-            return Err(Error::Protocol(format!("bench waiter said {line:?}")));
+            bail!("the bench waiter said {line:?}");
         };
-        if count != 1 {
-            return Err(Error::Protocol(format!(
-                "bench waiter drained {count} messages at once; expected 1"
-            )));
-        }
+        ensure!(
+            count == 1,
+            "the bench waiter drained {count} messages at once; expected 1"
+        );
         if last {
             break;
         }
@@ -528,19 +482,185 @@ pub fn wake_latency(
     let status = child
         .0
         .wait()
-        .map_err(Error::io("wait for bench waiter", "lead"))?;
-    if !status.success() {
-        return Err(Error::Protocol(format!("bench waiter failed: {status}")));
-    }
+        .context("failed to wait for the bench waiter")?;
+    ensure!(status.success(), "the bench waiter failed: {status}");
     if let Some(r) = &redis {
         r.destroy()?;
     }
     let _ = std::fs::remove_dir_all(&root);
-    let none = || Error::Protocol("no wake-up samples".into());
+    let none = "no wake-up samples";
     Ok(WakeResult {
         waiter_mode,
-        send_to_drained: Summary::of(&drained_ms).ok_or_else(none)?,
-        send_to_woken: Summary::of(&woken_ms).ok_or_else(none)?,
-        append_sync: Summary::of(&append_ms).ok_or_else(none)?,
+        send_to_drained: Summary::of(&drained_ms).context(none)?,
+        send_to_woken: Summary::of(&woken_ms).context(none)?,
+        append_sync: Summary::of(&append_ms).context(none)?,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The child processes, and the sections on the file bus.
+
+/// `troupe-bench writer`: one writer process of [`throughput`].
+#[derive(Debug, clap::Args)]
+pub struct WriterArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long)]
+    writer: usize,
+    #[arg(long)]
+    count: u64,
+    #[arg(long)]
+    naive: bool,
+    #[arg(long)]
+    go: PathBuf,
+    /// Append to an inbox on the bus (`--bus`) under this team.
+    #[arg(long)]
+    bus_team: Option<String>,
+}
+
+/// `troupe-bench waiter`: the idle recipient of [`wake_latency`].
+#[derive(Debug, clap::Args)]
+pub struct WaiterArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    /// Wait on the bus (`--bus`) under this team.
+    #[arg(long)]
+    bus_team: Option<String>,
+}
+
+/// The bus of a bench child process: `url` for team `team` (password from the environment).
+fn child_bus(url: Option<&str>, team: Option<&str>) -> Result<Option<RedisBus>> {
+    match (url, team) {
+        (Some(u), Some(t)) => Ok(Some(RedisBus::from_url(u)?.for_team(t)?)),
+        _ => Ok(None),
+    }
+}
+
+/// `troupe-bench writer`, on `bus` (the URL of `--bus`) when given a team there.
+pub fn writer(a: &WriterArgs, bus: Option<&str>) -> Result<()> {
+    let bus = child_bus(bus, a.bus_team.as_deref())?;
+    let d = if a.naive {
+        Discipline::Naive
+    } else if bus.is_some() {
+        Discipline::Redis
+    } else {
+        Discipline::Troupe
+    };
+    run_writer(&a.dir, a.writer, a.count, d, &a.go, bus.as_ref())
+}
+
+/// `troupe-bench waiter`, on `bus` (the URL of `--bus`) when given a team there.
+pub fn waiter(a: &WaiterArgs, bus: Option<&str>) -> Result<()> {
+    let bus = child_bus(bus, a.bus_team.as_deref())?;
+    run_waiter(&a.dir, &mut std::io::stdout().lock(), bus.as_ref())
+}
+
+/// This executable, which the writer and waiter processes re-run.
+pub fn this_exe() -> Result<PathBuf> {
+    std::env::current_exe().context("failed to find the troupe-bench executable")
+}
+
+/// The command that runs [`writer`] from `exe`, on `bus` (URL, team) if given.
+pub fn writer_cmd(
+    exe: &Path,
+    dir: &Path,
+    w: usize,
+    n: u64,
+    d: Discipline,
+    go: &Path,
+    bus: Option<(&str, &str)>,
+) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("writer")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--writer", &w.to_string(), "--count", &n.to_string()])
+        .arg("--go")
+        .arg(go);
+    if d == Discipline::Naive {
+        c.arg("--naive");
+    }
+    if let Some((url, team)) = bus {
+        c.args(["--bus", url, "--bus-team", team]);
+    }
+    c
+}
+
+/// The command that runs [`waiter`] from `exe`, on `bus` (URL, team) if given.
+pub fn waiter_cmd(exe: &Path, dir: &Path, bus: Option<(&str, &str)>) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("waiter").arg("--dir").arg(dir);
+    if let Some((url, team)) = bus {
+        c.args(["--bus", url, "--bus-team", team]);
+    }
+    crate::lead::die_with_parent(&mut c);
+    c
+}
+
+/// One throughput row, as progress on stderr.
+pub fn report(r: &ThroughputResult) {
+    eprintln!(
+        "inbox {:?} drain={:?} writers={} {:.0} msgs/s lost={} dup={} \
+         (cpu per msg: writer {:.2} us, consumer {:.2} us; {} drains)",
+        r.discipline,
+        r.drain,
+        r.writers,
+        r.msgs_per_sec,
+        r.lost,
+        r.duplicates,
+        r.writer_cpu_us_per_msg,
+        r.consumer_cpu_us_per_msg,
+        r.drains
+    );
+}
+
+/// Pause between two wake-up samples, so the waiter is asleep again when the next one is sent.
+pub const WAKE_GAP: Duration = Duration::from_millis(5);
+
+/// The inbox sections on the file bus: throughput with 1 and 4 writer processes (troupe drained
+/// on every wake-up and every 5 ms, the naive baseline every 5 ms), then the wake-up latency.
+/// Returns the `inbox_throughput` and `wake_latency` sections.
+pub fn sections(a: &BenchArgs, scratch: &Path) -> Result<(Value, Value)> {
+    let exe = this_exe()?;
+    let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
+        writer_cmd(&exe, dir, w, n, d, go, None)
+    };
+    let mut rows = Vec::new();
+    for writers in [1, 4] {
+        for (d, drain) in [
+            (Discipline::Troupe, DrainMode::OnWake),
+            (Discipline::Troupe, DrainMode::Every5Ms),
+            (Discipline::Naive, DrainMode::Every5Ms),
+        ] {
+            let r = throughput(scratch, writers, a.messages, d, drain, &cmd, None)?;
+            report(&r);
+            rows.push(r);
+        }
+    }
+
+    let wake = wake_latency(
+        scratch,
+        a.wake_samples,
+        WAKE_GAP,
+        &|dir: &Path| waiter_cmd(&exe, dir, None),
+        None,
+    )?;
+    eprintln!(
+        "wake latency ({}): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms (to drained: p99 {:.3} ms)",
+        wake.waiter_mode,
+        wake.send_to_woken.p50_ms,
+        wake.send_to_woken.p99_ms,
+        wake.send_to_woken.max_ms,
+        wake.send_to_drained.p99_ms
+    );
+    // Awake is the recipient back from its wait; the drain after it adds the journal's
+    // fdatasync (durability, not wake-up), reported apart.
+    let mut wake_json = serde_json::to_value(&wake.send_to_woken)?;
+    wake_json["measured"] = json!(
+        "send start (before the fdatasync'd append) -> recipient awake (back from its inotify wait)"
+    );
+    wake_json["waiter_mode"] = json!(wake.waiter_mode);
+    wake_json["send_to_drained"] = serde_json::to_value(&wake.send_to_drained)?;
+    wake_json["append_sync"] = serde_json::to_value(&wake.append_sync)?;
+    Ok((serde_json::to_value(&rows)?, wake_json))
 }
