@@ -1,5 +1,5 @@
-//! A supervisor in the background: `lead run --detach`, and the one `lead chat`, `lead demo`
-//! and `lead bench` start for themselves; each returns once the supervisor is ready.
+//! A supervisor in the background: `lead run --detach`, and the one `lead chat` and `lead demo`
+//! start for themselves; each returns once the supervisor is ready.
 
 use super::*;
 use troupe::{eprintln, println};

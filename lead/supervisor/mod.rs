@@ -11,7 +11,7 @@
 //! good copy while config.json does not parse); each job has a file of its own: [`spawn`]
 //! (starting workers), [`exit`] (reaping them and applying the restart [`policy`]),
 //! [`escalate`] (expired shutdown requests), [`hooks`] (the user's commands on team events, on a
-//! thread of their own), [`team_stop`] (the graceful stop and `lead stop`) and [`background`] (a supervisor started for `--detach`, `chat`, `demo` and `bench`).
+//! thread of their own), [`team_stop`] (the graceful stop and `lead stop`) and [`background`] (a supervisor started for `--detach`, `chat` and `demo`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsFd;
