@@ -98,7 +98,7 @@ impl Record {
                 return Ok((None, ()));
             }
             rec.files.insert(file.to_path_buf(), applied);
-            let bytes = serde_json::to_vec_pretty(&rec).map_err(|e| doc.corrupt(e))?;
+            let bytes = doc.encode(&rec)?;
             Ok((Some(bytes), ()))
         })?;
         Ok(())

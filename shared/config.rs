@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::doc::Doc;
 use crate::error::{Error, Result};
 use crate::fsutil;
 use crate::llm::Usage;
@@ -377,19 +378,6 @@ impl TeamConfig {
 }
 
 /// The roster's key on a bus (`troupe:{TEAM}:roster`, the JSON of config.json).
-const ROSTER_KEY: &str = "roster";
-
-/// The roster from its key on `bus` (an empty team when there is none).
-fn parse_on_bus(bus: &crate::bus::RedisBus, bytes: Option<Vec<u8>>) -> Result<TeamConfig> {
-    let Some(bytes) = bytes else {
-        return Ok(TeamConfig::default());
-    };
-    serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-        path: std::path::PathBuf::from(bus.key(ROSTER_KEY)),
-        why: e.to_string(),
-    })
-}
-
 /// `f` applied to a copy of `before`: the roster to write (`None`: `f` changed nothing) and
 /// what `f` returned.
 fn apply<R>(
@@ -401,8 +389,11 @@ fn apply<R>(
     Ok(((cfg != before).then_some(cfg), out))
 }
 
-fn unserializable(e: serde_json::Error) -> Error {
-    Error::Protocol(format!("failed to serialize config: {e}"))
+/// The roster in `bytes` of `doc` (an empty team when there are none).
+fn parse(doc: &Doc<'_>, bytes: Option<&[u8]>) -> Result<TeamConfig> {
+    bytes.map_or(Ok(TeamConfig::default()), |b| {
+        serde_json::from_slice(b).map_err(|e| doc.corrupt(e))
+    })
 }
 
 /// Access to a team's `config.json`, or to its roster on the team's bus when it has one.
@@ -417,53 +408,35 @@ impl Roster {
         Roster { team: team.clone() }
     }
 
+    fn doc(&self) -> Doc<'_> {
+        Doc::roster(&self.team)
+    }
+
     /// Where the roster is, for messages: `config.json`, or the roster on the bus.
     fn place(&self) -> &'static str {
-        if self.team.bus().is_some() {
-            "the roster on the bus"
-        } else {
+        if self.doc().is_file() {
             "config.json"
+        } else {
+            "the roster on the bus"
         }
     }
 
     /// Reads the roster (an empty team if the file does not exist). A file that does not parse
     /// is an error and is left as it is.
     pub fn load(&self) -> Result<TeamConfig> {
-        if let Some(bus) = self.team.bus() {
-            return parse_on_bus(bus, bus.get_doc(ROSTER_KEY)?);
-        }
-        let path = self.team.config();
-        match fsutil::read_optional(&path)? {
-            None => Ok(TeamConfig::default()),
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-                path,
-                why: format!("{e} (fix or remove the file; it was left untouched)"),
-            }),
-        }
+        let doc = self.doc();
+        parse(&doc, doc.read()?.as_deref())
     }
 
-    /// Reads, changes and durably replaces the roster under `config.lock`. If `f` fails, nothing
-    /// is written. Nothing is written either if `f` changed nothing.
+    /// Reads, changes and durably replaces the roster under its lock (`config.lock`). If `f`
+    /// fails, nothing is written. Nothing is written either if `f` changed nothing.
     pub fn update<R>(&self, f: impl FnOnce(&mut TeamConfig) -> Result<R>) -> Result<R> {
-        if let Some(bus) = self.team.bus() {
-            return bus.locked_doc(ROSTER_KEY, |bytes| {
-                let (next, out) = apply(parse_on_bus(bus, bytes)?, f)?;
-                let bytes = next
-                    .map(|cfg| serde_json::to_vec(&cfg).map_err(unserializable))
-                    .transpose()?;
-                Ok((bytes, out))
-            });
-        }
-        let lock_path = self.team.config_lock();
-        let lock = fsutil::open_lock(&lock_path)?;
-        let _guard = fsutil::lock_exclusive(&lock, &lock_path)?;
-        let (next, out) = apply(self.load()?, f)?;
-        if let Some(cfg) = next {
-            let mut bytes = serde_json::to_vec_pretty(&cfg).map_err(unserializable)?;
-            bytes.push(b'\n');
-            fsutil::atomic_write(&self.team.config(), &bytes)?;
-        }
-        Ok(out)
+        let doc = self.doc();
+        doc.update(|bytes| {
+            let (next, out) = apply(parse(&doc, bytes.as_deref())?, f)?;
+            let bytes = next.map(|cfg| doc.encode(&cfg)).transpose()?;
+            Ok((bytes, out))
+        })
     }
 
     /// Reads the roster, waiting while config.json does not parse (a user's edit in progress)

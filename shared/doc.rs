@@ -17,11 +17,46 @@ use crate::teamdir::TeamDir;
 pub struct Doc<'a> {
     team: &'a TeamDir,
     name: &'static str,
+    /// Its key on a bus (`name` but for the roster, whose key is `roster`).
+    key: &'static str,
 }
 
 impl<'a> Doc<'a> {
     pub fn new(team: &'a TeamDir, name: &'static str) -> Doc<'a> {
-        Doc { team, name }
+        Doc {
+            team,
+            name,
+            key: name,
+        }
+    }
+
+    /// The roster: `config.json` under `config.lock`, or the key `roster` on the bus.
+    pub fn roster(team: &'a TeamDir) -> Doc<'a> {
+        Doc {
+            team,
+            name: "config",
+            key: "roster",
+        }
+    }
+
+    /// Whether it lives in the team dir, where people read and edit it (rather than on a bus).
+    pub fn is_file(&self) -> bool {
+        self.team.bus().is_none()
+    }
+
+    /// `value` as this document's bytes: indented JSON with a final newline in a file (people
+    /// read and edit it), compact on a bus.
+    pub fn encode<T: serde::Serialize>(&self, value: &T) -> Result<Vec<u8>> {
+        let unserializable = |e: serde_json::Error| {
+            crate::Error::Protocol(format!("failed to serialize {}: {e}", self.name))
+        };
+        if self.is_file() {
+            let mut bytes = serde_json::to_vec_pretty(value).map_err(unserializable)?;
+            bytes.push(b'\n');
+            Ok(bytes)
+        } else {
+            serde_json::to_vec(value).map_err(unserializable)
+        }
     }
 
     fn file(&self) -> PathBuf {
@@ -31,23 +66,28 @@ impl<'a> Doc<'a> {
     /// Where the document is, for messages: its file, or its key on the bus.
     pub fn place(&self) -> String {
         match self.team.bus() {
-            Some(bus) => bus.key(self.name),
+            Some(bus) => bus.key(self.key),
             None => self.file().display().to_string(),
         }
     }
 
     /// The error for bytes of it that do not parse (left as they are).
     pub fn corrupt(&self, why: impl std::fmt::Display) -> crate::Error {
+        let why = if self.is_file() {
+            format!("{why} (fix or remove the file; it was left untouched)")
+        } else {
+            why.to_string()
+        };
         crate::Error::Corrupt {
             path: PathBuf::from(self.place()),
-            why: why.to_string(),
+            why,
         }
     }
 
     /// Its bytes; `None` when it does not exist.
     pub fn read(&self) -> Result<Option<Vec<u8>>> {
         match self.team.bus() {
-            Some(bus) => bus.get_doc(self.name),
+            Some(bus) => bus.get_doc(self.key),
             None => fsutil::read_optional(&self.file()),
         }
     }
@@ -59,7 +99,7 @@ impl<'a> Doc<'a> {
         f: impl FnOnce(Option<Vec<u8>>) -> Result<(Option<Vec<u8>>, R)>,
     ) -> Result<R> {
         if let Some(bus) = self.team.bus() {
-            return bus.locked_doc(self.name, f);
+            return bus.locked_doc(self.key, f);
         }
         let lock_path = self.team.root().join(format!("{}.lock", self.name));
         let lock = fsutil::open_lock(&lock_path)?;
