@@ -25,6 +25,9 @@
 //! - `prompt_cache`: one real worker (the lead's built-in one) runs a 30-step tool loop against
 //!   the caching stub of [`cache_stub`] ([`prompt_cache`]).
 //! - `redis`: the inbox sections on a Redis bus, with `--bus` ([`redis`]).
+//! - `redis_compare`: with `--bus` and `--redis-compare`, alone: troupe's Redis inbox against
+//!   `redis-benchmark` XADD under `appendfsync always` and `everysec`, and the server's commands
+//!   per message ([`redis_compare`]).
 //! - `targets`: the budgets of issue 6 (DESIGN.md section 11), each with `met`. Reported, never
 //!   asserted ([`targets`]).
 
@@ -35,6 +38,8 @@ mod machine;
 mod measure;
 mod prompt_cache;
 mod redis;
+mod redis_admin;
+mod redis_compare;
 mod sandbox;
 mod startup;
 mod targets;
@@ -46,6 +51,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use troupe::{eprintln, println};
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 
@@ -116,9 +122,14 @@ pub struct BenchArgs {
     /// Messages each writer process appends in the Redis throughput runs.
     #[arg(long, default_value_t = 20_000)]
     pub redis_messages: u64,
+    /// With --bus, run only the comparison with `redis-benchmark` XADD (1 and 4 clients,
+    /// `appendfsync always` then `everysec`, set with CONFIG SET and put back afterwards),
+    /// --redis-messages per writer, with the server's commands per message.
+    #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only"])]
+    pub redis_compare: bool,
     /// Run only the team sections (spawn calls, spawn -> idle, worker start-up, shutdown,
     /// recovery).
-    #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only"])]
+    #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only", "redis_compare"])]
     pub team_only: bool,
 }
 
@@ -179,6 +190,13 @@ fn run_in(a: &BenchArgs, bus: Option<&str>, scratch: &Path) -> anyhow::Result<Va
     }
     if a.prompt_cache_only {
         doc["prompt_cache"] = section(prompt_cache::run(&lead::lead_exe()?, scratch));
+        return Ok(doc);
+    }
+    if a.redis_compare {
+        let url = bus.context("--redis-compare needs --bus (or TROUPE_BUS)")?;
+        doc["settings"] = json!({"redis_messages_per_writer": a.redis_messages});
+        doc["redis_compare"] = section(redis_compare::run(a, scratch, url));
+        doc["targets"] = redis_compare::targets(&doc["redis_compare"]);
         return Ok(doc);
     }
     if a.team_only {
