@@ -80,7 +80,7 @@ pub struct ThroughputResult {
 
 /// CPU time (user + system) used so far by `who` (`RUSAGE_THREAD`, or `RUSAGE_CHILDREN` for
 /// the children waited for), in seconds.
-fn cpu_seconds(who: libc::c_int) -> f64 {
+pub fn cpu_seconds(who: libc::c_int) -> f64 {
     // SAFETY: getrusage writes one rusage into the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe {

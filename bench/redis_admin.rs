@@ -271,6 +271,16 @@ impl Snapshot {
         self.fields.get(field)?.parse().ok()
     }
 
+    /// A field that may be fractional (`used_cpu_user`, ...).
+    pub fn float(&self, field: &str) -> Option<f64> {
+        self.fields.get(field)?.parse().ok()
+    }
+
+    /// The server process's CPU time (user + system, all its threads), in seconds.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        Some(self.float("used_cpu_user")? + self.float("used_cpu_sys")?)
+    }
+
     /// Calls and microseconds per command since `before`, commands with no calls left out.
     pub fn since(&self, before: &Snapshot) -> BTreeMap<String, (u64, u64)> {
         self.commands

@@ -52,11 +52,17 @@ pub struct PerMessage {
     pub commands_in_scripts: f64,
     /// Server time in the commands clients sent (a script's time includes its calls), us.
     pub server_us: f64,
+    /// CPU time of the server process (`used_cpu_user` + `used_cpu_sys`: commands, network
+    /// I/O, the AOF), us.
+    pub server_cpu_us: Option<f64>,
     /// Bytes from clients, and to them.
     pub net_in_bytes: f64,
     pub net_out_bytes: f64,
-    /// Bytes added to the append-only file (null when the server keeps none).
+    /// Bytes added to the append-only file (null when the server keeps none, or rewrote it
+    /// during the run).
     pub aof_bytes: Option<f64>,
+    /// AOF rewrites during the run (the server's `auto-aof-rewrite-*`; not per message).
+    pub aof_rewrites: Option<u64>,
     /// Connections opened during the run (not per message).
     pub connections: u64,
     /// `aof_delayed_fsync` during the run (everysec fsyncs that had to wait; not per message).
@@ -85,16 +91,20 @@ fn per_message(before: &Snapshot, after: &Snapshot, messages: u64) -> PerMessage
         us_by.insert(cmd.clone(), per(us));
         calls.insert(cmd, per(c));
     }
-    let aof = after.num("aof_enabled") == Some(1);
+    let rewrites = delta("aof_rewrites");
+    let aof = after.num("aof_enabled") == Some(1) && rewrites == Some(0);
+    let cpu = after.cpu_seconds().zip(before.cpu_seconds());
     PerMessage {
         calls,
         us: us_by,
         commands_sent: per(sent),
         commands_in_scripts: per(in_scripts),
         server_us: per(usec),
+        server_cpu_us: cpu.map(|(a, b)| round3((a - b) * 1e6 / n)),
         net_in_bytes: per(delta("total_net_input_bytes").unwrap_or(0)),
         net_out_bytes: per(delta("total_net_output_bytes").unwrap_or(0)),
         aof_bytes: delta("aof_current_size").filter(|_| aof).map(per),
+        aof_rewrites: rewrites,
         connections: delta("total_connections_received").unwrap_or(0),
         delayed_fsyncs: delta("aof_delayed_fsync"),
     }
@@ -110,6 +120,9 @@ pub struct Row {
     pub troupe_lost: u64,
     /// redis-benchmark's requests per second, with `-c WRITERS`.
     pub xadd_requests_per_sec: f64,
+    /// CPU time redis-benchmark spent per request, us (troupe's writers and consumer: in
+    /// `troupe`).
+    pub xadd_client_cpu_us_per_request: f64,
     pub xadd_requests: u64,
     /// troupe / XADD.
     pub ratio: f64,
@@ -265,7 +278,9 @@ fn measure(
         let after = admin.snapshot()?;
         let requests = writers as u64 * a.redis_messages;
         let x_before = admin.snapshot()?;
+        let cpu_before = inbox::cpu_seconds(libc::RUSAGE_CHILDREN);
         let rate = redis_benchmark(server, writers, requests, key)?;
+        let client_cpu = inbox::cpu_seconds(libc::RUSAGE_CHILDREN) - cpu_before;
         let x_after = admin.snapshot()?;
         admin.ok(&["DEL", key])?;
         let ratio = round3(t.msgs_per_sec / rate);
@@ -275,6 +290,7 @@ fn measure(
             troupe_msgs_per_sec: t.msgs_per_sec.round(),
             troupe_lost: t.lost,
             xadd_requests_per_sec: rate.round(),
+            xadd_client_cpu_us_per_request: round3(client_cpu * 1e6 / requests as f64),
             xadd_requests: requests,
             ratio,
             met: ratio >= TARGET_RATIO && t.lost == 0,
@@ -339,12 +355,13 @@ fn parse_csv(out: &str) -> Option<f64> {
 
 /// One line on stderr per (policy, writers).
 fn report(r: &Row) {
+    let opt = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
     let p = &r.troupe_per_message;
     let calls: Vec<String> = p.calls.iter().map(|(c, n)| format!("{c} {n:.3}")).collect();
     eprintln!(
         "redis compare appendfsync={} writers={}: troupe {:.0} msgs/s (lost {}), XADD {:.0} req/s, \
-         ratio {:.2} ({}); per message: {:.2} commands sent + {:.2} in scripts, server {:.1} us, \
-         AOF {} bytes (XADD: {} bytes) [{}]",
+         ratio {:.2} ({}); per message: {:.2} commands sent + {:.2} in scripts, server {:.1} us \
+         in commands, {} us CPU (XADD: {:.1}, {}), AOF {} bytes (XADD: {}) [{}]",
         r.appendfsync,
         r.writers,
         r.troupe_msgs_per_sec,
@@ -355,10 +372,11 @@ fn report(r: &Row) {
         p.commands_sent,
         p.commands_in_scripts,
         p.server_us,
-        p.aof_bytes.map_or("-".to_owned(), |b| format!("{b:.0}")),
-        r.xadd_per_request
-            .aof_bytes
-            .map_or("-".to_owned(), |b| format!("{b:.0}")),
+        opt(p.server_cpu_us),
+        r.xadd_per_request.server_us,
+        opt(r.xadd_per_request.server_cpu_us),
+        opt(p.aof_bytes),
+        opt(r.xadd_per_request.aof_bytes),
         calls.join(", ")
     );
 }
