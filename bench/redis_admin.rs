@@ -308,7 +308,7 @@ mod tests {
         );
         let s = Server::with_password("redis://[::1]", pw()).unwrap();
         assert_eq!(
-            (s.host.as_str(), s.port, s.user, s.db),
+            (s.host.as_str(), s.port, s.user.as_deref(), s.db),
             ("::1", 6379, None, 0)
         );
         assert!(!format!("{s:?}").contains("pw"));
