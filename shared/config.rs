@@ -377,7 +377,6 @@ impl TeamConfig {
     }
 }
 
-/// The roster's key on a bus (`troupe:{TEAM}:roster`, the JSON of config.json).
 /// `f` applied to a copy of `before`: the roster to write (`None`: `f` changed nothing) and
 /// what `f` returned.
 fn apply<R>(
@@ -761,7 +760,7 @@ mod tests {
     }
 
     #[test]
-    fn deferred_changes_go_out_with_the_next_write_as_one_rewrite() {
+    fn deferred_changes_go_out_with_the_next_write() {
         let (_t, team, r) = roster();
         r.update(|c| {
             c.members.push(Member::new("a", "r"));
@@ -782,8 +781,7 @@ mod tests {
         assert!(w.member("a", None, |m| m.restarts += 2));
         assert!(!w.is_pending());
         assert_eq!(r.load().unwrap().members[0].restarts, 42);
-        let after = inode();
-        assert_ne!(after, before);
+        assert_ne!(inode(), before);
         // A flush writes what was deferred alone.
         w.member_later("a", None, |m| m.restarts = 7);
         assert!(w.flush());

@@ -151,9 +151,10 @@ impl Teammate {
         t.gate_open = t.plan_approved()?;
         // Written with the first status (one roster rewrite fewer for every start).
         let sandbox = t.s.sandbox.status().clone();
-        let (name, inc) = (t.s.name.to_string(), t.incarnation);
         t.record
-            .member_later(&name, Some(inc), move |m| m.sandbox = Some(sandbox.clone()));
+            .member_later(t.s.name.as_str(), Some(t.incarnation), move |m| {
+                m.sandbox = Some(sandbox.clone())
+            });
         Ok(t)
     }
 
