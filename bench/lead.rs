@@ -116,9 +116,7 @@ impl Supervisor {
                     ),
                 }
             }
-            let ready = std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
-                t.split_whitespace().next() == Some(&pid.to_string()) && t.contains("ready")
-            });
+            let ready = troupe::liveness::supervisor_ready(team, pid);
             if ready {
                 // Its warnings (say, a stale `worker` it will not run) reach the person
                 // running the bench, not only the log.

@@ -121,6 +121,15 @@ pub fn supervisor_running(team: &crate::TeamDir) -> crate::Result<bool> {
     }
 }
 
+/// Whether the supervisor `pid` says in `lead.lock` that it is ready: it holds the lock and has
+/// started every member that should run (it writes `PID ready` then; `PID` alone before).
+pub fn supervisor_ready(team: &crate::TeamDir, pid: u32) -> bool {
+    std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
+        let mut words = t.split_whitespace();
+        words.next() == Some(pid.to_string().as_str()) && words.any(|w| w == "ready")
+    })
+}
+
 /// Whether `pid` is a live process: it exists and is neither a zombie waiting for its reaper
 /// nor dead.
 pub fn pid_alive(pid: u32) -> bool {

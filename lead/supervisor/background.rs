@@ -86,9 +86,7 @@ pub fn start_background(
             }
             .into());
         }
-        let ready = std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
-            t.split_whitespace().next() == Some(&child.id().to_string()) && t.contains("ready")
-        });
+        let ready = troupe::liveness::supervisor_ready(team, child.id());
         if ready {
             // Its warnings (say, a stale `worker` it will not run) reach the person who
             // started it, not only the log.
