@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use troupe::bus::RedisBus;
 
 use crate::BenchArgs;
-use crate::inbox::{self, Discipline, DrainMode};
+use crate::inbox::{self, Discipline, DrainMode, ThroughputResult};
 
 /// The inbox on a Redis bus: throughput with 1 and 4 writer processes drained on every
 /// wake-up, and the wake-up latency, as for the file bus.
@@ -18,19 +18,7 @@ pub fn inbox(a: &BenchArgs, scratch: &Path, url: &str) -> anyhow::Result<Value> 
     let mut throughput = Vec::new();
     for writers in [1, 4] {
         let team = format!("bench-{pid}-w{writers}");
-        let bus = base.for_team(&team)?;
-        let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
-            inbox::writer_cmd(&exe, dir, w, n, d, go, Some((url, &team)))
-        };
-        let r = inbox::throughput(
-            scratch,
-            writers,
-            a.redis_messages,
-            Discipline::Redis,
-            DrainMode::OnWake,
-            &cmd,
-            Some(&bus),
-        )?;
+        let r = throughput_on(scratch, url, &base, &team, writers, a.redis_messages)?;
         inbox::report(&r);
         throughput.push(r);
     }
@@ -57,4 +45,30 @@ pub fn inbox(a: &BenchArgs, scratch: &Path, url: &str) -> anyhow::Result<Value> 
             "append": wake.append_sync,
         },
     }))
+}
+
+/// The inbox throughput of `writers` writer processes of `messages` each, sending to a consumer
+/// that drains on every wake-up, on team `team` of the Redis bus at `url` (`base`).
+pub fn throughput_on(
+    scratch: &Path,
+    url: &str,
+    base: &RedisBus,
+    team: &str,
+    writers: usize,
+    messages: u64,
+) -> anyhow::Result<ThroughputResult> {
+    let exe = inbox::this_exe()?;
+    let bus = base.for_team(team)?;
+    let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
+        inbox::writer_cmd(&exe, dir, w, n, d, go, Some((url, team)))
+    };
+    inbox::throughput(
+        scratch,
+        writers,
+        messages,
+        Discipline::Redis,
+        DrainMode::OnWake,
+        &cmd,
+        Some(&bus),
+    )
 }

@@ -26,7 +26,7 @@ use troupe::bus::RedisBus;
 use troupe::eprintln;
 
 use crate::BenchArgs;
-use crate::inbox::{self, Discipline, DrainMode, ThroughputResult};
+use crate::inbox::{self, ThroughputResult};
 use crate::measure::round3;
 use crate::redis_admin::{Admin, Server, Snapshot};
 
@@ -256,25 +256,12 @@ fn measure(
     policy: &str,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
-    let exe = inbox::this_exe()?;
     let base = RedisBus::from_url(url)?;
     let pid = std::process::id();
     for writers in [1, 4] {
         let team = format!("bench-{pid}-cmp-{policy}-w{writers}");
-        let bus = base.for_team(&team)?;
-        let cmd = |dir: &Path, w: usize, n: u64, d: Discipline, go: &Path| {
-            inbox::writer_cmd(&exe, dir, w, n, d, go, Some((url, &team)))
-        };
         let before = admin.snapshot()?;
-        let t = inbox::throughput(
-            scratch,
-            writers,
-            a.redis_messages,
-            Discipline::Redis,
-            DrainMode::OnWake,
-            &cmd,
-            Some(&bus),
-        )?;
+        let t = crate::redis::throughput_on(scratch, url, &base, &team, writers, a.redis_messages)?;
         let after = admin.snapshot()?;
         let requests = writers as u64 * a.redis_messages;
         let x_before = admin.snapshot()?;
