@@ -411,13 +411,9 @@ impl Roster {
         Doc::roster(&self.team)
     }
 
-    /// Where the roster is, for messages: `config.json`, or the roster on the bus.
-    fn place(&self) -> &'static str {
-        if self.doc().is_file() {
-            "config.json"
-        } else {
-            "the roster on the bus"
-        }
+    /// Where the roster is, for messages: the path of `config.json`, or its key on the bus.
+    fn place(&self) -> String {
+        self.doc().place()
     }
 
     /// Reads the roster (an empty team if the file does not exist). A file that does not parse

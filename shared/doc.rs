@@ -40,7 +40,7 @@ impl<'a> Doc<'a> {
     }
 
     /// Whether it lives in the team dir, where people read and edit it (rather than on a bus).
-    pub fn is_file(&self) -> bool {
+    fn is_file(&self) -> bool {
         self.team.bus().is_none()
     }
 
