@@ -190,6 +190,21 @@ pub fn inbox(team: &TeamDir, a: InboxArgs) -> anyhow::Result<u8> {
             }
             .into());
         };
+        // On a bus, the one consumer across hosts: a `lead chat` on another host holds it.
+        let _consumer = match troupe::fence::LeadInboxConsumer::take(team) {
+            Ok(c) => c,
+            Err(troupe::Error::Locked { .. }) => {
+                return Err(crate::ExitError {
+                    code: 4,
+                    message: "another consumer of the lead's inbox runs on this team (`lead \
+                              chat`, or `lead inbox`, on this host or another): use /inbox in \
+                              the chat, or `lead inbox --peek` to look without consuming"
+                        .into(),
+                }
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         let (mut journal, _) = Journal::open(team, &lead, &owner)?;
         inbox.drain(&mut journal)?
     };

@@ -74,6 +74,12 @@ pub enum Error {
     /// carries the password.
     #[error("bus {what}: {why}")]
     Bus { what: String, why: String },
+    /// A write for a member incarnation, a host's supervisor or the lead's inbox consumer that
+    /// a newer one has replaced: the server refused it (see [`crate::fence`]).
+    #[error(
+        "{holder} was replaced (the current epoch is {current}); this process may not write for it any more"
+    )]
+    Fenced { holder: String, current: String },
     /// The team directory path exists but is not a directory.
     #[error("team dir {} is not a directory", .0.display())]
     NotADirectory(PathBuf),
@@ -132,6 +138,7 @@ impl Error {
             | Error::MemberConflict { .. }
             | Error::OverBudget { .. }
             | Error::Locked { .. }
+            | Error::Fenced { .. }
             | Error::NotAddressee { .. }
             | Error::WorktreeRefused { .. } => 4,
             _ => 1,

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod doc;
 pub mod error;
 pub mod events;
+pub mod fence;
 pub mod fsutil;
 pub mod hooks;
 pub mod ids;

@@ -286,6 +286,33 @@ impl Journal {
         Ok(())
     }
 
+    /// The end of the journal as this process knows it, after reading what another consumer
+    /// appended: where [`Journal::undo_inbox`] cuts back to.
+    pub fn end(&mut self) -> Result<u64> {
+        self.check_poisoned()?;
+        self.refresh()?;
+        Ok(self.scanned)
+    }
+
+    /// Takes inbox messages journaled since `end` (from [`Journal::end`]) out again: the file
+    /// is cut back to `end` and `ids` are no longer seen. For a drain whose consumption the
+    /// inbox refused after the journal had it (a newer incarnation of the member took over):
+    /// the messages are the newer one's, not this journal's. A cut that fails poisons the
+    /// journal.
+    pub fn undo_inbox<'i>(&mut self, end: u64, ids: impl Iterator<Item = &'i str>) -> Result<()> {
+        self.check_poisoned()?;
+        if let Err(e) = self.file.set_len(end) {
+            self.poisoned = true;
+            return Err(Error::io("cut back", &self.path)(e));
+        }
+        fsutil::sync_data(&self.file, &self.path)?;
+        self.scanned = self.scanned.min(end);
+        for id in ids {
+            self.seen.remove(id);
+        }
+        Ok(())
+    }
+
     /// Fails once a write could not be undone (see [`Journal::write_synced`]).
     fn check_poisoned(&self) -> Result<()> {
         if self.poisoned {

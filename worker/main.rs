@@ -123,6 +123,7 @@ pub(crate) fn main() -> ExitCode {
                 .map_or(1, |t| match t {
                     troupe::Error::InvalidName { .. } | troupe::Error::UnknownMember(_) => EX_USAGE,
                     troupe::Error::Corrupt { .. } | troupe::Error::NotADirectory(_) => EX_CONFIG,
+                    troupe::Error::Fenced { .. } => troupe::fence::EXIT_SUPERSEDED,
                     _ => 1,
                 });
             ExitCode::from(code)

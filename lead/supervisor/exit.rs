@@ -97,6 +97,14 @@ impl Supervisor {
             last_exit: info.to_string(),
         };
         let decision = decide_exit(&facts);
+        if decision == ExitDecision::Superseded {
+            tracing::warn!(
+                name,
+                "this worker was replaced by a newer incarnation (another host's supervisor \
+                 took over); not restarted"
+            );
+            return;
+        }
         let mut restart_due = None;
         match &decision {
             ExitDecision::Restart { counted } => {
@@ -135,6 +143,7 @@ impl Supervisor {
             ExitDecision::Shutdown(why) => (MemberStatus::Shutdown, why.clone()),
             ExitDecision::Failed(why) => (MemberStatus::Failed, Some(why.clone())),
             ExitDecision::Restart { .. } => (MemberStatus::Spawning, None),
+            ExitDecision::Superseded => unreachable!("returned above"),
         };
         let restart = restart_due.is_some();
         let last = info.clone();

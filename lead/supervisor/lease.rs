@@ -26,7 +26,6 @@ struct Flags {
 }
 
 pub struct LeaseKeeper {
-    host: String,
     flags: Arc<Flags>,
     handle: Option<JoinHandle<HostLease>>,
 }
@@ -34,7 +33,6 @@ pub struct LeaseKeeper {
 impl LeaseKeeper {
     /// Keeps `lease` from now on; `wake` gets a byte when a flag goes up.
     pub fn start(lease: HostLease, wake: std::os::unix::net::UnixStream) -> LeaseKeeper {
-        let host = lease.host().to_owned();
         let flags = Arc::new(Flags::default());
         let f = flags.clone();
         let handle = std::thread::Builder::new()
@@ -42,14 +40,9 @@ impl LeaseKeeper {
             .spawn(move || keep(lease, &f, wake))
             .expect("spawn the lease thread");
         LeaseKeeper {
-            host,
             flags,
             handle: Some(handle),
         }
-    }
-
-    pub fn host(&self) -> &str {
-        &self.host
     }
 
     /// Whether another supervisor took the lease.

@@ -324,20 +324,29 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     )
     .context("failed to record the supervisor pid")?;
     notifier.ready(&sup.summary());
+    // Another supervisor took this host's lease (this one was stalled past it): its writes
+    // are refused now, and its workers are replaced.
+    let mut lost = false;
     loop {
         if signals.load(Ordering::SeqCst) > 0 {
             break;
         }
         if let Some(k) = &keeper {
-            if k.lost() {
-                events::log(&sup.team, "lease_lost", json!({"host": k.host()}));
+            if k.lost() || troupe::fence::replaced(&sup.team) {
+                lost = true;
                 break;
             }
             if k.stop_requested() {
                 break;
             }
         }
-        sup.tick()?;
+        if let Err(e) = sup.tick() {
+            if troupe::fence::replaced(&sup.team) {
+                lost = true;
+                break;
+            }
+            return Err(e);
+        }
         notifier.status(&sup.summary());
         let ping = notifier.watchdog().unwrap_or(Duration::from_secs(1));
         let timeout = sup
@@ -367,6 +376,22 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     notifier.stopping();
     // A hook running now is killed; what it was run for stays marked for the next start.
     hooks.stop();
+    if lost {
+        let host = sup.host().unwrap_or_default().to_owned();
+        sup.abandon_team();
+        events::log(&sup.team, "lease_lost", json!({"host": host}));
+        drop(keeper);
+        drop(lock);
+        return Err(crate::ExitError {
+            code: 4,
+            message: format!(
+                "another supervisor took the lease of host {host} (this one was stalled past \
+                 it): killed this host's workers here and wrote nothing; the other supervisor \
+                 runs its members now"
+            ),
+        }
+        .into());
+    }
     sup.stop_team()?;
     events::log(
         &sup.team,

@@ -43,10 +43,17 @@ pub(super) enum ExitDecision {
     Failed(String),
     /// Started again after a delay; `counted` toward the restart limit.
     Restart { counted: bool },
+    /// A newer incarnation of the member runs elsewhere (it exited
+    /// [`troupe::fence::EXIT_SUPERSEDED`]): neither restarted nor recorded, since the member's
+    /// record is the newer one's.
+    Superseded,
 }
 
 /// The restart policy, as a pure function of the facts of one exit.
 pub(super) fn decide_exit(f: &ExitFacts) -> ExitDecision {
+    if f.code == Some(i32::from(troupe::fence::EXIT_SUPERSEDED)) {
+        return ExitDecision::Superseded;
+    }
     if let Some(rid) = &f.escalated {
         return ExitDecision::Shutdown(Some(format!(
             "stopped by the lead: shutdown request {rid} went unanswered"
@@ -182,5 +189,11 @@ mod tests {
             Shutdown(Some(why)) => assert!(why.contains("a1b2c3d4")),
             other => panic!("{other:?}"),
         }
+        // Replaced by a newer incarnation elsewhere: nothing to restart or record, even in a
+        // team stop or after an escalation.
+        let mut f = facts(Some(79));
+        f.stopping = true;
+        f.escalated = Some("a1b2c3d4".into());
+        assert_eq!(decide_exit(&f), Superseded);
     }
 }

@@ -70,6 +70,12 @@ impl Supervisor {
                 return;
             }
         };
+        // The new incarnation fences the old one off before it exists (on a bus: a worker of
+        // this member that a stalled supervisor elsewhere still runs).
+        if let Err(e) = troupe::fence::begin_incarnation(&self.team, name, incarnation) {
+            tracing::warn!("could not start {name}: {e}");
+            return;
+        }
         self.restart_at.remove(name);
         let log = match fsutil::create_dir(&self.team.logs_dir())
             .and_then(|()| fsutil::open_append(&self.team.log(&agent)))

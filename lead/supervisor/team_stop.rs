@@ -34,6 +34,22 @@ impl Supervisor {
         true
     }
 
+    /// After the host's lease was lost: SIGKILL every worker's group and reap them, writing
+    /// nothing (the members are the successor's now; their records, requests and tasks too).
+    pub(super) fn abandon_team(&mut self) {
+        for (name, r) in &self.running {
+            tracing::warn!(
+                name,
+                pid = r.child.id(),
+                "killing a worker the successor replaced"
+            );
+            let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGKILL);
+        }
+        for (_, mut r) in self.running.drain() {
+            let _ = r.child.wait();
+        }
+    }
+
     /// The graceful team stop: ask everyone, wait, SIGTERM, SIGKILL, mark `stopped`.
     pub(super) fn stop_team(&mut self) -> anyhow::Result<()> {
         events::log(

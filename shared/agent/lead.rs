@@ -109,6 +109,8 @@ pub struct Lead {
     cost_usd: f64,
     /// `transcripts/lead.lock`: one LLM lead per team dir.
     _alive: HeldLock,
+    /// On a bus, the lease of the lead's inbox: one consumer per team, whatever the host.
+    _consumer: crate::fence::LeadInboxConsumer,
 }
 
 impl Lead {
@@ -128,6 +130,7 @@ impl Lead {
                 path: lock_path,
             });
         };
+        let consumer = crate::fence::LeadInboxConsumer::take(&s.team)?;
         let (journal, conv) = conversation::resume(&s.team, &name, 0, &alive)?;
         let sandbox = s.sandbox.status().clone();
         if let Err(e) = Roster::new(&s.team).update(|c| {
@@ -148,6 +151,7 @@ impl Lead {
             usage: Usage::default(),
             cost_usd: 0.0,
             _alive: alive,
+            _consumer: consumer,
         })
     }
 

@@ -120,6 +120,8 @@ impl Teammate {
             .load_patiently(&|| term.load(Ordering::SeqCst))?
             .require(s.name.as_str())?
             .clone();
+        // From here on, a newer incarnation (a successor on another host) fences this one off.
+        crate::fence::act_as_member(&s.team, s.name.as_str(), member.incarnation);
         let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation, owner)?;
         let requests = RequestStore::new(&s.team);
         let mut t = Teammate {

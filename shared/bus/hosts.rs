@@ -2,36 +2,27 @@
 //! reaches supervisors on other machines.
 //!
 //! - **The lease** `troupe:{TEAM}:lease:HOST` holds the running supervisor's token for
-//!   [`HOST_LEASE`], renewed on every tick of its loop (at least once a second). A second
+//!   [`HOST_LEASE`], renewed twice a second, with an epoch ([`super::lease`]). A second
 //!   supervisor for the same host waits for the lease to lapse and gives up if it does not, so
 //!   two supervisors never run one host's members. A supervisor killed with `kill -9` leaves
-//!   its lease to lapse: its successor starts within [`HOST_LEASE`]. A supervisor that finds
-//!   its lease taken by another (it was stopped longer than the lease) stops its own members
-//!   and exits.
+//!   its lease to lapse: its successor starts within [`HOST_LEASE`], one epoch higher. A
+//!   supervisor whose lease another took (it was stalled longer than the lease) finds its
+//!   writes refused, kills its own workers and exits, writing nothing; its workers' own writes
+//!   are refused too, since the successor's workers are newer incarnations.
 //! - **The set** `troupe:{TEAM}:hosts` names every host that ever held a lease, so that the
 //!   live ones can be listed (those whose lease is there).
 //! - **A stop** is the key `troupe:{TEAM}:stop:HOST`, announced on the change feed: the host's
 //!   supervisor sees it on its next tick and stops its team as SIGTERM would. It is cleared by
 //!   the next supervisor of that host when it starts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::RedisBus;
+use super::lease::Lease;
 use crate::error::{Error, Result};
 
 /// How long a supervisor's lease outlives its last renewal.
 pub const HOST_LEASE: Duration = Duration::from_secs(5);
-
-/// KEYS: lease, hosts set. ARGV: token, lease in ms, host. 1: held by the caller now.
-const HOLD: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  redis.call('SADD', KEYS[2], ARGV[3])
-  return 1
-end
-return 0
-";
 
 /// Whether `host` is a usable host name: 1-64 of `A-Z a-z 0-9 . _ -`.
 pub fn check_host(host: &str) -> Result<()> {
@@ -68,54 +59,46 @@ pub fn this_host() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// A supervisor's hold on its host.
+/// A supervisor's hold on its host: a [`Lease`] on `lease:HOST`, its epoch the fence of the
+/// supervisor's writes.
 pub struct HostLease {
-    bus: RedisBus,
+    lease: Lease,
     host: String,
-    token: String,
 }
 
 impl std::fmt::Debug for HostLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostLease")
             .field("host", &self.host)
+            .field("epoch", &self.lease.epoch())
             .finish_non_exhaustive()
     }
 }
 
 impl HostLease {
-    /// Takes the lease of `host`, waiting up to `patience` for another holder's to lapse.
-    /// Clears a stop left for the host by `lead stop`.
+    /// Takes the lease of `host`, waiting up to `patience` for another holder's to lapse, and
+    /// fences this process's writes on `bus` by it. Clears a stop left for the host by `lead
+    /// stop`.
     pub fn acquire(bus: &RedisBus, host: &str, patience: Duration) -> Result<HostLease> {
         check_host(host)?;
-        let lease = HostLease {
-            bus: bus.clone(),
-            host: host.to_owned(),
-            token: uuid::Uuid::new_v4().simple().to_string(),
-        };
-        let started = Instant::now();
-        let mut said = false;
-        while !lease.renew()? {
-            if started.elapsed() > patience {
-                return Err(Error::Locked {
-                    what: "the host's lease (another `lead run` supervises this host's members)",
-                    path: std::path::PathBuf::from(bus.key(&format!("lease:{host}"))),
-                });
-            }
-            if !said {
-                tracing::info!(
-                    host,
-                    "another supervisor holds this host's lease; waiting for it to lapse"
-                );
-                said = true;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let lease = Lease::acquire(
+            bus,
+            &format!("lease:{host}"),
+            HOST_LEASE,
+            Some(("hosts", host)),
+            patience,
+            "the host's lease (another `lead run` supervises this host's members)",
+            format!("the supervisor of host {host}"),
+        )?;
+        bus.set_fence(lease.fence());
         let stop = bus.key(&format!("stop:{host}"));
         bus.with_conn("clear a stop", |c| {
             redis::cmd("DEL").arg(&stop).query::<()>(c)
         })?;
-        Ok(lease)
+        Ok(HostLease {
+            lease,
+            host: host.to_owned(),
+        })
     }
 
     /// The host.
@@ -123,43 +106,34 @@ impl HostLease {
         &self.host
     }
 
-    /// Renews the lease: `Ok(false)` when another supervisor holds it now.
+    /// The lease's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.lease.epoch()
+    }
+
+    /// Renews the lease: `Ok(false)` when another supervisor took it (lost for good).
     pub fn renew(&self) -> Result<bool> {
-        let key = self.bus.key(&format!("lease:{}", self.host));
-        let hosts = self.bus.key("hosts");
-        let held: i64 = self.bus.with_conn("renew the host's lease", |c| {
-            redis::Script::new(HOLD)
-                .key(&key)
-                .key(&hosts)
-                .arg(&self.token)
-                .arg(HOST_LEASE.as_millis() as u64)
-                .arg(&self.host)
-                .invoke(c)
-        })?;
-        Ok(held == 1)
+        self.lease.renew()
     }
 
     /// Whether `lead stop` asked this host's supervisor to stop.
     pub fn stop_requested(&self) -> Result<bool> {
-        let key = self.bus.key(&format!("stop:{}", self.host));
-        self.bus.with_conn("look for a stop", |c| {
+        let bus = self.lease.bus();
+        let key = bus.key(&format!("stop:{}", self.host));
+        bus.with_conn("look for a stop", |c| {
             redis::cmd("EXISTS").arg(&key).query::<bool>(c)
         })
     }
 
     /// Lets the lease go (at a clean exit), and the stop that asked for it.
     pub fn release(self) {
-        let key = self.bus.key(&format!("lease:{}", self.host));
-        let stop = self.bus.key(&format!("stop:{}", self.host));
-        let r = self.bus.with_conn("let the host's lease go", |c| {
-            redis::Script::new(super::redis_doc::RELEASE)
-                .key(&key)
-                .arg(&self.token)
-                .invoke::<i64>(c)?;
+        self.lease.release();
+        let bus = self.lease.bus();
+        let stop = bus.key(&format!("stop:{}", self.host));
+        if let Err(e) = bus.with_conn("clear a stop", |c| {
             redis::cmd("DEL").arg(&stop).query::<()>(c)
-        });
-        if let Err(e) = r {
-            tracing::warn!("{e} (the lease lapses by itself)");
+        }) {
+            tracing::warn!("{e}");
         }
     }
 }

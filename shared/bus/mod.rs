@@ -20,6 +20,7 @@
 //! Keys are `troupe:{TEAM}:...`, so teams can share a server.
 
 pub mod hosts;
+pub mod lease;
 mod redis_doc;
 mod redis_inbox;
 
@@ -53,7 +54,42 @@ pub struct RedisBus {
     /// Idle connections, shared by clones (a process keeps a few open rather than connecting
     /// and authenticating per message).
     pool: std::sync::Arc<std::sync::Mutex<Vec<redis::Connection>>>,
+    /// What this process's writes are fenced by, once it acts for a member, a host or the
+    /// lead's inbox (shared by clones: one process, one identity).
+    fence: std::sync::Arc<std::sync::RwLock<Option<Fence>>>,
+    /// The server refused a write of this process as fenced off: a newer holder replaced it.
+    replaced: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// A condition the server checks inside every script that writes for this process: the key
+/// `key` still holds `value` (or is gone, after a server that lost its data). A member's
+/// worker is fenced by `epoch:NAME` holding its incarnation; a supervisor and the lead's inbox
+/// consumer by their lease's epoch record (`EPOCH:TOKEN`). A newer holder changes the key, and
+/// the older one's writes are refused with `FENCED <current>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    key: String,
+    value: String,
+    /// Who the process acts as, for messages ("member alice, incarnation 3").
+    holder: String,
+}
+
+/// The first lines of every fenced script: KEYS[1] is the fence's key and ARGV[1] its value
+/// (empty: not fenced). Refuses with `FENCED <current value>`.
+macro_rules! fenced_script {
+    ($body:literal) => {
+        concat!(
+            "if ARGV[1] ~= '' then\n",
+            "  local cur = redis.call('GET', KEYS[1])\n",
+            "  if cur and cur ~= ARGV[1] then\n",
+            "    return redis.error_reply('FENCED ' .. cur)\n",
+            "  end\n",
+            "end\n",
+            $body
+        )
+    };
+}
+pub(crate) use fenced_script;
 
 /// Idle connections kept per bus.
 const POOL_MAX: usize = 8;
@@ -104,6 +140,8 @@ impl RedisBus {
             url: url.to_owned(),
             team,
             pool: Default::default(),
+            fence: Default::default(),
+            replaced: Default::default(),
         })
     }
 
@@ -114,6 +152,8 @@ impl RedisBus {
         }
         Ok(RedisBus {
             team: team.to_owned(),
+            fence: Default::default(),
+            replaced: Default::default(),
             ..self.clone()
         })
     }
@@ -131,6 +171,52 @@ impl RedisBus {
     /// A key of this team: `troupe:{TEAM}:` and `rest`.
     pub fn key(&self, rest: &str) -> String {
         format!("troupe:{{{}}}:{rest}", self.team)
+    }
+
+    /// From now on, every write of this process (clones of this bus included) is fenced by
+    /// `fence` (see [`Fence`]).
+    pub fn set_fence(&self, fence: Fence) {
+        *self.fence.write().unwrap_or_else(|p| p.into_inner()) = Some(fence);
+    }
+
+    /// The fence of a member's incarnation: the key `epoch:NAME` holds it.
+    pub fn member_fence(&self, name: &str, incarnation: u64) -> Fence {
+        Fence {
+            key: self.key(&format!("epoch:{name}")),
+            value: incarnation.to_string(),
+            holder: format!("member {name}, incarnation {incarnation}"),
+        }
+    }
+
+    /// The fence key and value a fenced script takes first (an unused key and an empty value
+    /// when this process is not fenced).
+    pub(crate) fn fence_args(&self) -> (String, String) {
+        match &*self.fence.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(f) => (f.key.clone(), f.value.clone()),
+            None => (self.key("epoch:-"), String::new()),
+        }
+    }
+
+    /// Whether the server has refused a write of this process because a newer holder of its
+    /// fence replaced it (it stays replaced).
+    pub fn replaced(&self) -> bool {
+        self.replaced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The refusal of a fenced write, with what the server said is current.
+    fn fenced(&self, current: &str) -> Error {
+        self.replaced
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let holder = self
+            .fence
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or_else(|| "this process".to_owned(), |f| f.holder.clone());
+        Error::Fenced {
+            holder,
+            current: current.to_owned(),
+        }
     }
 
     /// An idle connection of this process, or a new one.
@@ -170,6 +256,10 @@ impl RedisBus {
                 Ok(v) => {
                     self.give_back(conn);
                     return Ok(v);
+                }
+                Err(e) if e.code() == Some("FENCED") => {
+                    self.give_back(conn);
+                    return Err(self.fenced(e.detail().unwrap_or("").trim()));
                 }
                 Err(e) => {
                     // The server's own refusals leave the connection usable; anything else

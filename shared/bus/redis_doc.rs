@@ -8,7 +8,9 @@
 //!   the caller out of its own lock.
 //! - **The write** is a script that sets the document only while the lock still holds the
 //!   writer's token (a writer that outlived its lease, stopped or swapped out, writes nothing and
-//!   is told so), and adds the key to the team's change feed in the same step.
+//!   is told so) and the writer is not fenced off ([`super::Fence`]: a replaced member
+//!   incarnation or supervisor writes nothing), and adds the key to the team's change feed in
+//!   the same step.
 //! - **The change feed** is the stream `troupe:{TEAM}:changes`, capped at about
 //!   [`FEED_LEN`] entries: a supervisor blocks on it instead of watching files with inotify.
 //! - **Release** deletes the lock only while it holds the caller's token.
@@ -39,16 +41,27 @@ end
 return 0
 ";
 
-/// KEYS: document, lock, change feed. ARGV: token, the document, the feed's cap. 0 when the lock
-/// is no longer the caller's (nothing written).
-const WRITE: &str = r"
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+/// KEYS: fence, document, lock, change feed. ARGV: fence value, token, the document, the
+/// feed's cap. 0 when the lock is no longer the caller's (nothing written); refused when the
+/// caller is fenced off.
+const WRITE: &str = super::fenced_script!(
+    r"
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'k', KEYS[1])
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'k', KEYS[2])
 return 1
-";
+"
+);
+
+/// KEYS: fence, a member's epoch key. ARGV: fence value, the incarnation.
+const SET_EPOCH: &str = super::fenced_script!(
+    r"
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
+"
+);
 
 /// KEYS: lock (or a host's lease). ARGV: token. Deletes it only while it holds the token.
 pub(super) const RELEASE: &str = r"
@@ -147,11 +160,14 @@ impl RedisBus {
         if let Some(bytes) = next {
             let doc = self.key(key);
             let feed = self.key("changes");
+            let (fence, fence_value) = self.fence_args();
             let written: i64 = self.with_conn("write", |c| {
                 redis::Script::new(WRITE)
+                    .key(&fence)
                     .key(&doc)
                     .key(&lock.key)
                     .key(&feed)
+                    .arg(&fence_value)
                     .arg(&lock.token)
                     .arg(&bytes)
                     .arg(FEED_LEN)
@@ -169,6 +185,23 @@ impl RedisBus {
             }
         }
         Ok(out)
+    }
+
+    /// Makes `incarnation` the current one of member `name` (`epoch:NAME`), fenced by this
+    /// process's own fence (a supervisor's host lease): from now on an older incarnation's
+    /// worker is refused every write. Set before the worker process exists.
+    pub fn set_member_epoch(&self, name: &str, incarnation: u64) -> Result<()> {
+        let (fence, fence_value) = self.fence_args();
+        let key = self.key(&format!("epoch:{name}"));
+        self.with_conn("set a member's epoch", |c| {
+            redis::Script::new(SET_EPOCH)
+                .key(&fence)
+                .key(&key)
+                .arg(&fence_value)
+                .arg(incarnation)
+                .invoke::<i64>(c)
+        })
+        .map(drop)
     }
 
     /// Adds `key` to the team's change feed (a change that is not a document write: a host's

@@ -12,7 +12,11 @@
 //!   drain cut short by a crash), then new ones (`XREADGROUP`); sets bad entries aside; records
 //!   the new messages in the consumer's journal (fsynced; ids it holds already are skipped);
 //!   then one Lua script acknowledges, deletes and uncounts them (uncounting only what it
-//!   deleted, so a script run twice after a lost reply counts nothing twice). Crash points
+//!   deleted, so a script run twice after a lost reply counts nothing twice). The read and the
+//!   mark are scripts fenced by the consumer's epoch ([`super::Fence`]): a worker whose member
+//!   a newer incarnation runs (a successor on another host) is refused both, and a batch it
+//!   read just before the successor began is taken out of its journal again when the mark is
+//!   refused, so it is consumed once, by the successor. Crash points
 //!   ([`crate::inbox::DrainPoint`]): killed after the read, the entries stay pending and the
 //!   next drain reads them again; killed after the journal, the same, and the journal skips
 //!   them by id; the script is all or nothing.
@@ -44,28 +48,41 @@ const BATCH: usize = 10_000;
 /// The longest a blocking read lasts before the caller's descriptors are looked at.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
-/// KEYS: stream, byte count. ARGV: line, its length, cap. Refuses with `FULL <bytes>`.
-const APPEND: &str = r"
-local used = tonumber(redis.call('GET', KEYS[2]) or '0')
-if used + tonumber(ARGV[2]) > tonumber(ARGV[3]) then
+/// KEYS: fence, stream, byte count. ARGV: fence value, line, its length, cap. Refuses with
+/// `FULL <bytes>`.
+const APPEND: &str = super::fenced_script!(
+    r"
+local used = tonumber(redis.call('GET', KEYS[3]) or '0')
+if used + tonumber(ARGV[3]) > tonumber(ARGV[4]) then
   return redis.error_reply('FULL ' .. used)
 end
-redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
-return redis.call('INCRBY', KEYS[2], ARGV[2])
-";
+redis.call('XADD', KEYS[2], '*', 'm', ARGV[2])
+return redis.call('INCRBY', KEYS[3], ARGV[3])
+"
+);
 
-/// KEYS: stream, byte count. ARGV: group, then (entry id, its length) pairs. Acknowledges and
-/// deletes each entry and uncounts what it deleted: run again (a reply lost with the
-/// connection), it changes nothing more.
-const MARK: &str = r"
-for i = 2, #ARGV, 2 do
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
-  if redis.call('XDEL', KEYS[1], ARGV[i]) == 1 then
-    redis.call('DECRBY', KEYS[2], ARGV[i + 1])
+/// KEYS: fence, stream. ARGV: fence value, group, consumer, count, start ('0' or '>'). The
+/// consumer's read, refused to a replaced incarnation.
+const READ: &str = super::fenced_script!(
+    r"
+return redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[2], ARGV[5])
+"
+);
+
+/// KEYS: fence, stream, byte count. ARGV: fence value, group, then (entry id, its length)
+/// pairs. Acknowledges and deletes each entry and uncounts what it deleted: run again (a reply
+/// lost with the connection), it changes nothing more. Refused to a replaced incarnation.
+const MARK: &str = super::fenced_script!(
+    r"
+for i = 3, #ARGV, 2 do
+  redis.call('XACK', KEYS[2], ARGV[2], ARGV[i])
+  if redis.call('XDEL', KEYS[2], ARGV[i]) == 1 then
+    redis.call('DECRBY', KEYS[3], ARGV[i + 1])
   end
 end
 return 0
-";
+"
+);
 
 /// An inbox on a Redis bus.
 pub struct RedisInbox {
@@ -76,6 +93,7 @@ pub struct RedisInbox {
     bytes: String,
     cap: u64,
     append: redis::Script,
+    read: redis::Script,
     mark: redis::Script,
 }
 
@@ -102,6 +120,7 @@ impl RedisInbox {
             stream,
             cap: DEFAULT_CAP,
             append: redis::Script::new(APPEND),
+            read: redis::Script::new(READ),
             mark: redis::Script::new(MARK),
         }
     }
@@ -152,12 +171,15 @@ impl RedisInbox {
     pub fn append_line(&self, line: &[u8]) -> Result<()> {
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         let len = line.len() as u64;
+        let (fence, fence_value) = self.bus.fence_args();
         // Ok(Err(bytes)) is the script's refusal: the inbox holds `bytes` already.
         let r = self.with_conn("append", |c| {
             match self
                 .append
+                .key(&fence)
                 .key(&self.stream)
                 .key(&self.bytes)
+                .arg(&fence_value)
                 .arg(line)
                 .arg(len)
                 .arg(self.cap)
@@ -223,21 +245,21 @@ impl RedisInbox {
         mut at: impl FnMut(DrainPoint, &[Message]),
     ) -> Result<Vec<Message>> {
         self.ensure_group()?;
+        let (fence, fence_value) = self.bus.fence_args();
         let mut fresh = Vec::new();
         // "0": what was delivered to the drainer and never acknowledged; ">": new entries.
         for start in ["0", ">"] {
             loop {
                 let v: Value = self.with_conn("drain", |c| {
-                    redis::cmd("XREADGROUP")
-                        .arg("GROUP")
+                    self.read
+                        .key(&fence)
+                        .key(&self.stream)
+                        .arg(&fence_value)
                         .arg(GROUP)
                         .arg(CONSUMER)
-                        .arg("COUNT")
                         .arg(BATCH)
-                        .arg("STREAMS")
-                        .arg(&self.stream)
                         .arg(start)
-                        .query(c)
+                        .invoke(c)
                 })?;
                 let batch = stream_entries(&v);
                 if batch.is_empty() {
@@ -245,16 +267,29 @@ impl RedisInbox {
                 }
                 at(DrainPoint::Read, &fresh);
                 let n = batch.len();
+                let before = journal.end()?;
+                let kept = fresh.len();
                 fresh.extend(self.consume(&batch, journal)?);
                 at(DrainPoint::Journaled, &fresh);
-                self.with_conn("mark consumed", |c| {
-                    let mut call = self.mark.key(&self.stream);
-                    call.key(&self.bytes).arg(GROUP);
+                let marked = self.with_conn("mark consumed", |c| {
+                    let mut call = self.mark.key(&fence);
+                    call.key(&self.stream)
+                        .key(&self.bytes)
+                        .arg(&fence_value)
+                        .arg(GROUP);
                     for (id, line) in &batch {
                         call.arg(*id).arg(line.map_or(0, <[u8]>::len));
                     }
                     call.invoke::<i64>(c)
-                })?;
+                });
+                if let Err(e @ Error::Fenced { .. }) = marked {
+                    // A newer incarnation took over between the read and the mark: these
+                    // entries are its to consume (they stay pending, and it reads them), so
+                    // they are taken out of this journal again.
+                    journal.undo_inbox(before, fresh[kept..].iter().map(|m| m.id.as_str()))?;
+                    return Err(e);
+                }
+                marked?;
                 at(DrainPoint::Marked, &fresh);
                 if n < BATCH {
                     break;
