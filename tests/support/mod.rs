@@ -10,5 +10,6 @@ pub mod cli;
 pub mod drain;
 pub mod fake_llm;
 pub mod git;
+pub mod hosts;
 pub mod redis_server;
 pub mod team;

@@ -1,0 +1,358 @@
+//! Issue 24, fencing: on a team spread over hosts, a process that was replaced while it was
+//! stalled (a supervisor past its lease, a worker whose member a successor runs, a second
+//! consumer of the lead's inbox) writes nothing for what it no longer holds, and a Redis outage
+//! is not a lost lease.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use support::hosts::{Bus, Host, ok};
+use support::redis_server::RedisServer;
+use support::team::{Bg, alive, pids_with_arg, wait_until};
+
+const T: Duration = Duration::from_secs(40);
+
+/// Ids of the inbox messages in `host`'s journal of `name`.
+fn journaled(host: &Host, name: &str) -> Vec<String> {
+    let path = host.team.join(format!("transcripts/{name}.jsonl"));
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "inbox")
+        .filter_map(|v| v["message"]["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn member<'m>(ms: &'m [Value], name: &str) -> &'m Value {
+    ms.iter().find(|m| m["name"] == name).unwrap()
+}
+
+/// `lead send NAME TEXT` from `host`: the message's id when it was acknowledged.
+fn send(bus: &Bus, host: &Host, name: &str, text: &str) -> Option<String> {
+    let o = bus.out(host, &["send", name, text]);
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+}
+
+/// Live worker processes of member `name` (zombies have no command line, so do not count).
+fn workers_of(name: &str) -> Vec<u64> {
+    pids_with_arg(name)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.windows(2)
+                    .any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// Acceptance 1: supervisor A of host h is stalled (SIGSTOP) past its lease, while its workers
+/// keep running; B takes over host h with its own team dir and new workers of the same members;
+/// messages are sent all along. Every acknowledged message is consumed exactly once across both
+/// team dirs, none by A's workers once B's run; A, resumed, kills its workers and exits 4
+/// writing nothing; each member has one worker, B's, and none ends down.
+#[test]
+fn a_stalled_supervisor_and_its_workers_are_fenced_off_by_the_successor() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let names = ["fa", "fb"];
+    let bus = Bus::new(&server, "split", scratch.path(), &names);
+    let (a, b) = (Host::new(), Host::new());
+    for n in names {
+        ok(&bus.out(
+            &a,
+            &["spawn", n, "--role", "r", "--prompt", "ack", "--host", "h"],
+        ));
+    }
+    let mut sup_a = bus.run(&a, "h");
+    let before = wait_until(T, "A's members idle", || {
+        let ms = bus.members(&a);
+        ms.iter().all(|m| m["status"] == "idle").then_some(ms)
+    });
+    let a_workers: HashMap<&str, u64> = names
+        .iter()
+        .map(|n| (*n, member(&before, n)["pid"].as_u64().unwrap()))
+        .collect();
+    let inc_a = member(&before, "fa")["incarnation"].as_u64().unwrap();
+
+    // Messages before the stall, then A stalls and B starts; messages all along.
+    let mut sent: Vec<(String, String, Instant)> = Vec::new();
+    let mut send_some = |sent: &mut Vec<(String, String, Instant)>, k: usize| {
+        for _ in 0..k {
+            let n = names[sent.len() % names.len()];
+            let text = format!("note {}", sent.len());
+            if let Some(id) = send(&bus, &b, n, &text) {
+                sent.push((n.to_owned(), id, Instant::now()));
+            }
+        }
+    };
+    send_some(&mut sent, 6);
+    kill(Pid::from_raw(sup_a.0.id() as i32), Signal::SIGSTOP).unwrap();
+    let sup_b = bus.run(&b, "h");
+    let mut b_began = None;
+    let deadline = Instant::now() + T;
+    while b_began.is_none() {
+        assert!(Instant::now() < deadline, "B did not take over");
+        send_some(&mut sent, 2);
+        let ms = bus.members(&b);
+        let taken = names.iter().all(|n| {
+            let m = member(&ms, n);
+            m["incarnation"].as_u64().unwrap() > inc_a && m["status"] == "idle"
+        });
+        if taken {
+            b_began = Some(Instant::now());
+        }
+    }
+    let b_began = b_began.unwrap();
+    send_some(&mut sent, 16);
+    assert!(
+        sent.len() >= 30,
+        "only {} messages acknowledged",
+        sent.len()
+    );
+
+    // A resumes: it finds its lease taken, kills its own workers and exits 4, writing nothing.
+    kill(Pid::from_raw(sup_a.0.id() as i32), Signal::SIGCONT).unwrap();
+    let code = wait_until(T, "A to exit", || sup_a.0.try_wait().unwrap())
+        .code()
+        .unwrap();
+    assert_eq!(code, 4, "A exits 4 once its lease was taken");
+    for (n, pid) in &a_workers {
+        assert!(!alive(*pid), "A's worker of {n} still runs");
+    }
+    send_some(&mut sent, 4);
+
+    // Everything acknowledged is consumed, once, across both team dirs.
+    let all: Vec<&str> = sent.iter().map(|(_, id, _)| id.as_str()).collect();
+    wait_until(T, "every message consumed", || {
+        let got: usize = names
+            .iter()
+            .map(|n| {
+                let mut ids = journaled(&a, n);
+                ids.extend(journaled(&b, n));
+                ids.iter().filter(|i| all.contains(&i.as_str())).count()
+            })
+            .sum();
+        (got >= all.len()).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for (n, id, at) in &sent {
+        let in_a = journaled(&a, n).iter().filter(|i| *i == id).count();
+        let in_b = journaled(&b, n).iter().filter(|i| *i == id).count();
+        assert_eq!(
+            in_a + in_b,
+            1,
+            "{n} {id}: {in_a} in A's journal, {in_b} in B's"
+        );
+        if *at > b_began {
+            assert_eq!(
+                in_a, 0,
+                "{n} {id}, sent after B's workers ran, consumed by A's"
+            );
+        }
+    }
+    // The overlap was exercised: A's workers consumed during the stall, before B's ran, and
+    // were then refused (exit 79, "replaced") rather than consuming more.
+    let stalled_at = sent[6].2;
+    let by_a_in_overlap = sent
+        .iter()
+        .filter(|(n, id, at)| *at >= stalled_at && journaled(&a, n).contains(id))
+        .count();
+    assert!(
+        by_a_in_overlap > 0,
+        "A's workers consumed nothing while A was stalled"
+    );
+    let refused = names.iter().any(|n| {
+        std::fs::read_to_string(a.team.join(format!("logs/{n}.log")))
+            .is_ok_and(|l| l.contains("was replaced"))
+    });
+    assert!(refused, "no worker of A was refused as replaced");
+    eprintln!(
+        "{} acknowledged, {by_a_in_overlap} consumed by A's workers while A was stalled",
+        sent.len()
+    );
+    // One worker per member, B's; none ended down.
+    let ms = bus.members(&b);
+    for n in names {
+        let m = member(&ms, n);
+        assert_eq!(m["status"], "idle", "{m}");
+        let pid = m["pid"].as_u64().unwrap();
+        assert_eq!(workers_of(n), [pid], "{n}: one worker, B's");
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(cmdline.contains(b.team.to_str().unwrap()), "{cmdline}");
+    }
+    let events = bus.out(&b, &["status", "--json"]);
+    ok(&events);
+    drop(sup_b);
+}
+
+/// Acceptance 2: Redis down for 8 s with no successor: the supervisor keeps its lease (same
+/// epoch), no worker is restarted, and every acknowledged message is consumed once.
+#[test]
+fn a_redis_outage_is_not_a_lost_lease() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus::new(&server, "outage", scratch.path(), &["oa"]);
+    let a = Host::new();
+    ok(&bus.out(
+        &a,
+        &[
+            "spawn", "oa", "--role", "r", "--prompt", "ack", "--host", "h",
+        ],
+    ));
+    let mut sup = bus.run(&a, "h");
+    let before = wait_until(T, "oa idle", || {
+        let ms = bus.members(&a);
+        let m = member(&ms, "oa").clone();
+        (m["status"] == "idle").then_some(m)
+    });
+    let mut ids: Vec<String> = (0..5)
+        .filter_map(|i| send(&bus, &a, "oa", &format!("before {i}")))
+        .collect();
+    assert_eq!(ids.len(), 5);
+    server.stop();
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(8) {
+        // Refused while the server is down: not acknowledged, so not owed.
+        if let Some(id) = send(&bus, &a, "oa", "during") {
+            ids.push(id);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    server.start_again();
+    ids.extend((0..5).filter_map(|i| send(&bus, &a, "oa", &format!("after {i}"))));
+    wait_until(T, "every message consumed", || {
+        let got = journaled(&a, "oa");
+        ids.iter().all(|id| got.contains(id)).then_some(())
+    });
+    let got = journaled(&a, "oa");
+    for id in &ids {
+        assert_eq!(got.iter().filter(|i| *i == id).count(), 1, "{id}");
+    }
+    assert!(
+        sup.0.try_wait().unwrap().is_none(),
+        "the supervisor still runs"
+    );
+    let after = wait_until(T, "oa idle again", || {
+        let m = member(&bus.members(&a), "oa").clone();
+        (m["status"] == "idle").then_some(m)
+    });
+    assert_eq!(after["pid"], before["pid"], "not restarted: {after}");
+    assert_eq!(after["incarnation"], before["incarnation"], "{after}");
+    assert_eq!(after["restarts"], before["restarts"], "{after}");
+}
+
+/// Acceptance 3 (N10): `lead chat -p` on host a holds the lead's inbox; `lead inbox` on host b
+/// exits 4 and consumes nothing of it; once the chat ends, it may.
+#[test]
+fn the_lead_inbox_has_one_consumer_per_team() {
+    use support::fake_llm::{FakeLlm, Reply, anthropic_text};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus::new(&server, "leadinbox", scratch.path(), &[]);
+    let (a, b) = (Host::new(), Host::new());
+    let fake = FakeLlm::start(Vec::<Reply>::new());
+    fake.push_for(
+        "m-lead",
+        Reply::ok(anthropic_text("done")).delay(Duration::from_secs(6)),
+    );
+    // The reports that come in meanwhile may take it another turn or two.
+    for _ in 0..4 {
+        fake.push_for("m-lead", Reply::ok(anthropic_text("noted")));
+    }
+    let with_fake = |host: &Host, args: &[&str]| {
+        let mut c = bus.lead(host, args);
+        c.env("TROUPE_PROVIDER", "anthropic")
+            .env("ANTHROPIC_API_KEY", "sk-test")
+            .env("ANTHROPIC_BASE_URL", fake.url());
+        c
+    };
+    let mut chat = Bg(with_fake(&a, &["chat", "-p", "wait", "--model", "m-lead"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap());
+    wait_until(T, "the chat's model call", || {
+        (fake.requests_for("m-lead") > 0).then_some(())
+    });
+    // Three reports for the lead arrive while the chat waits for its model.
+    let team_b = bus.team_dir(&b);
+    let lead = troupe::AgentName::lead();
+    let inbox = troupe::inbox::Inbox::new(&team_b, &lead);
+    let reports: Vec<String> = (0..3)
+        .map(|i| {
+            let m = troupe::message::Message::new(
+                troupe::message::MessageType::Message,
+                "someone",
+                "lead",
+                format!("report {i}"),
+            );
+            inbox.append(&m, troupe::inbox::Durability::Sync).unwrap();
+            m.id
+        })
+        .collect();
+    let o = bus.out(&b, &["inbox"]);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("lead chat"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        journaled(&b, "lead").is_empty(),
+        "b consumed the chat's mail"
+    );
+    let peek = bus.out(&b, &["inbox", "--peek", "--json"]);
+    ok(&peek);
+    let waiting: Vec<Value> = serde_json::from_slice(&peek.stdout).unwrap();
+    assert_eq!(waiting.len(), 3, "{waiting:?}");
+    // Once the chat has ended, its consumer lease is gone: `lead inbox` takes what is left.
+    let code = wait_until(T, "the chat to end", || chat.0.try_wait().unwrap())
+        .code()
+        .unwrap();
+    assert_eq!(code, 0, "{}", stderr_of(&mut chat));
+    let o = bus.out(&b, &["inbox", "--json"]);
+    ok(&o);
+    let consumed_by_chat = journaled(&a, "lead");
+    let drained: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    for id in &reports {
+        let in_chat = consumed_by_chat.contains(id);
+        let in_b = drained.iter().any(|m| m["id"] == id.as_str());
+        assert!(
+            in_chat ^ in_b,
+            "{id}: chat {in_chat}, lead inbox on b {in_b}"
+        );
+    }
+}
+
+fn stderr_of(bg: &mut Bg) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    if let Some(e) = bg.0.stderr.as_mut() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
