@@ -23,10 +23,10 @@ use serde_json::{Value, json};
 use troupe::eprintln;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use troupe::bus::{RedisBus, RedisInbox};
 use troupe::fsutil::HeldLock;
 use troupe::inbox::{Durability, Inbox};
 use troupe::message::{Message, MessageType};
+use troupe::store::redis::{RedisBus, RedisInbox};
 use troupe::teamdir::{AgentName, TeamDir};
 use troupe::transcript::Journal;
 use troupe::wait::{InboxWaiter, Wake};

@@ -146,7 +146,7 @@ fn main() -> ExitCode {
     // with `--bus`): no team dir it opens, and no process it starts, may take the
     // environment's.
     // SAFETY: no other thread exists yet.
-    unsafe { std::env::remove_var(troupe::bus::BUS_ENV) };
+    unsafe { std::env::remove_var(troupe::store::redis::BUS_ENV) };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)

@@ -4,7 +4,7 @@ use std::path::Path;
 use troupe::eprintln;
 
 use serde_json::{Value, json};
-use troupe::bus::RedisBus;
+use troupe::store::redis::RedisBus;
 
 use crate::BenchArgs;
 use crate::inbox::{self, Discipline, DrainMode, ThroughputResult};

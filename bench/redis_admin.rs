@@ -10,7 +10,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use troupe::bus::{CREDENTIAL, PASSWORD_ENV, PASSWORD_FILE_ENV, RedisBus};
+use troupe::store::redis::{CREDENTIAL, PASSWORD_ENV, PASSWORD_FILE_ENV, RedisBus};
 
 /// Where the server of a bus URL is, and as whom to log in.
 #[derive(Clone)]
@@ -83,7 +83,7 @@ impl Server {
     }
 }
 
-/// The bus password, looked for where troupe looks (shared/bus/mod.rs): the file
+/// The bus password, looked for where troupe looks (shared/store/redis/mod.rs): the file
 /// `TROUPE_BUS_PASSWORD_FILE` names, the systemd credential, then `TROUPE_BUS_PASSWORD`.
 fn password() -> Result<String> {
     let first_line = |text: String| text.lines().next().unwrap_or("").trim_end().to_owned();

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::{Value, json};
-use troupe::bus::RedisBus;
 use troupe::eprintln;
+use troupe::store::redis::RedisBus;
 
 use crate::BenchArgs;
 use crate::inbox::{self, ThroughputResult};
@@ -34,7 +34,7 @@ use crate::redis_admin::{Admin, Server, Snapshot};
 const TARGET: &str = ">= 0.8x of redis-benchmark XADD at the same client count and fsync policy";
 const TARGET_RATIO: f64 = 0.8;
 
-/// What troupe's append and mark scripts call (shared/bus/redis_inbox.rs). In troupe's runs no
+/// What troupe's append and mark scripts call (shared/store/redis/inbox.rs). In troupe's runs no
 /// client sends them itself, so their calls are the commands run inside scripts.
 const SCRIPT_CALLS: &[&str] = &["get", "xadd", "incrby", "xack", "xdel", "decrby"];
 

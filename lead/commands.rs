@@ -240,7 +240,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             .collect()
     };
     // On a bus, the host this command runs on (pids are this machine's only).
-    let here = team.bus().map(|_| troupe::bus::hosts::this_host());
+    let here = team.store().this_host();
     let doings: Vec<liveness::Doing> = cfg
         .members
         .iter()
@@ -273,10 +273,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             "{}",
             json!({
                 "team_name": cfg.team_name, "team_dir": abs(team.root()), "members": rows,
-                "bus": team.bus().map(|b| json!({
-                    "url": b.url(), "team": b.team(),
-                    "hosts": troupe::bus::hosts::live_hosts(b).ok(),
-                })),
+                "bus": team.store().describe(),
                 "lead_sandbox": cfg.lead_sandbox,
                 "team": {
                     "cost_usd": team_spend.cost_usd, "calls": team_spend.calls,

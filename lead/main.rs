@@ -117,7 +117,7 @@ fn main() -> ExitCode {
         // Every team dir this process opens reads the bus from the environment, and the
         // workers it starts inherit it.
         // SAFETY: no other thread exists yet (nothing has been started since main began).
-        unsafe { std::env::set_var(troupe::bus::BUS_ENV, url) };
+        unsafe { std::env::set_var(troupe::secrets::BUS_ENV, url) };
     }
     // The conversational commands share the terminal with a person: only warnings there.
     let level = match cli.command {

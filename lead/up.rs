@@ -227,7 +227,7 @@ pub fn validate(
         };
         check_usd(&format!("{who}: budget_usd"), m.budget_usd)?;
         if let Some(h) = &m.host {
-            troupe::bus::hosts::check_host(h).map_err(|e| invalid(format!("{who}: {e}")))?;
+            troupe::store::check_host_name(h).map_err(|e| invalid(format!("{who}: {e}")))?;
         }
         members.push(Declared {
             name: m.name,
@@ -573,9 +573,9 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     up_trust::check(team_dir, &cfg, &file, &text, &prompts, a.accept)?;
     if let Some(h) = plan.members.iter().find_map(|m| m.host.as_deref()) {
         // Hosts are those of a team on a bus: refused now, not half way.
-        if std::env::var_os(troupe::bus::BUS_ENV).is_none() {
+        if !troupe::store::spread_over_hosts() {
             return Err(
-                troupe::bus::hosts::no_bus(format!("host {h:?} in {}", a.file.display())).into(),
+                troupe::store::no_hosts(format!("host {h:?} in {}", a.file.display())).into(),
             );
         }
     }
@@ -587,8 +587,7 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     // One `lead up` at a time: on a bus, across hosts too.
     let lock_path = team.up_lock();
     let lock = troupe::fsutil::open_lock(&lock_path)?;
-    let _guard = troupe::fsutil::lock_exclusive(&lock, &lock_path)?;
-    let _on_bus = team.bus().map(|b| b.lock("up")).transpose()?;
+    let _held = team.store().lock("up", &lock, &lock_path)?;
     // Under the lock, against what is there now (another `lead up` may have gone first).
     let (cfg, tasks, running) = state(team_dir)?;
     let changes = diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;

@@ -5,34 +5,32 @@
 //! clients, the tools and the agent loop. The binaries never open team files by hand.
 
 pub mod agent;
-pub mod bus;
 pub mod config;
 pub mod cost;
-pub mod doc;
 pub mod error;
-pub mod events;
-pub mod fence;
 pub mod fsutil;
 pub mod hooks;
 pub mod ids;
-pub mod inbox;
 pub mod liveness;
 pub mod llm;
 pub mod mail;
 pub mod message;
 pub mod ops;
 pub mod out;
-mod records;
 pub mod requests;
 pub mod sandbox;
+pub mod secrets;
+pub mod store;
 pub mod tasks;
 pub mod teamdir;
 pub mod tools;
 pub mod transcript;
-pub mod wait;
 pub mod worktree;
 
 pub use error::{Error, Result};
+// The store's seams, by the names the rest of the crate knows them.
+pub(crate) use store::records;
+pub use store::{doc, events, fence, inbox, wait};
 
 /// The build of this code: the package version and 16 hex digits of a hash over every file the
 /// binaries are built from (`<version>-<hash>`, computed by `build.rs`). Two builds of the same

@@ -115,10 +115,10 @@ pub fn supervisor_running(team: &crate::TeamDir) -> crate::Result<bool> {
     if crate::fsutil::HeldLock::is_held(&team.lead_lock())? {
         return Ok(true);
     }
-    match team.bus() {
-        Some(bus) => Ok(!crate::bus::hosts::live_hosts(bus)?.is_empty()),
-        None => Ok(false),
-    }
+    Ok(team
+        .store()
+        .live_hosts()?
+        .is_some_and(|hosts| !hosts.is_empty()))
 }
 
 /// Whether the supervisor `pid` says in `lead.lock` that it is ready: it holds the lock and has

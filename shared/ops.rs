@@ -49,10 +49,7 @@ pub struct SpawnSpec {
 pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
     let name = AgentName::teammate(&spec.name)?;
     if let Some(h) = &spec.host {
-        if team.bus().is_none() {
-            return Err(crate::bus::hosts::no_bus(format!("--host {h}")));
-        }
-        crate::bus::hosts::check_host(h)?;
+        team.store().check_host(h, || format!("--host {h}"))?;
     }
     let worktree = if spec.worktree {
         worktree_for(team, &name)?

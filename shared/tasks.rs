@@ -170,15 +170,9 @@ impl TaskStore {
     /// applying the same file at once exactly one creates it.
     pub fn create_keyed(&self, key: &str, new: NewTask) -> Result<(Task, bool)> {
         let lock_path = self.team.task_keys_lock();
-        let file;
-        let (_on_bus, _on_file) = match self.team.bus() {
-            Some(bus) => (Some(bus.lock("tasks:keys")?), None),
-            None => {
-                fsutil::create_dir(&self.team.tasks_dir())?;
-                file = fsutil::open_lock(&lock_path)?;
-                (None, Some(fsutil::lock_exclusive(&file, &lock_path)?))
-            }
-        };
+        fsutil::create_dir(&self.team.tasks_dir())?;
+        let file = fsutil::open_lock(&lock_path)?;
+        let _held = self.team.store().lock("tasks:keys", &file, &lock_path)?;
         if let Some(t) = self.by_key(key)? {
             return Ok((t, false));
         }

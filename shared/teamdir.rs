@@ -144,75 +144,46 @@ pub fn check_request_id(id: &str) -> Result<()> {
     }
 }
 
-/// A team directory (default `./.team`), and the bus the team's inboxes live on when it is
-/// not this directory: a Redis server named by `TROUPE_BUS` (see [`crate::bus`]), read when
-/// the `TeamDir` is made.
+/// A team directory (default `./.team`): the paths of its files. Where the team's shared state
+/// lives (these files, or a Redis bus named by `TROUPE_BUS` when the `TeamDir` is made) is the
+/// store's business ([`crate::store`]), which also opens it (`TeamDir::create`, `open`); this
+/// module knows paths only.
 #[derive(Debug, Clone)]
 pub struct TeamDir {
-    root: PathBuf,
-    bus: Option<std::sync::Arc<crate::bus::RedisBus>>,
+    pub(crate) root: PathBuf,
+    /// The store's remote backend, when the state is not in these files (set and read by
+    /// [`crate::store`] only).
+    pub(crate) remote: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl TeamDir {
-    /// Opens the team dir at `root`, creating its layout (0700 directories) if missing.
-    /// A `root` that exists but is not a directory is refused.
-    pub fn create(root: impl Into<PathBuf>) -> Result<TeamDir> {
-        let dir = TeamDir::at(root)?;
-        for sub in [
-            dir.root.clone(),
-            dir.inbox_dir(),
-            dir.requests_dir(),
-            dir.tasks_dir(),
-            dir.transcripts_dir(),
-            dir.logs_dir(),
-        ] {
-            fsutil::create_dir(&sub)?;
-            fsutil::make_private(&sub)?;
-        }
-        Ok(dir)
-    }
-
-    /// Opens an existing team dir without creating anything. Missing subdirectories are not an
-    /// error here; the operations that need them create them.
-    pub fn open(root: impl Into<PathBuf>) -> Result<TeamDir> {
-        let dir = TeamDir::at(root)?;
-        if !dir.root.exists() {
-            return Err(Error::Io {
-                op: "open team dir",
-                path: dir.root.clone(),
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            });
-        }
-        Ok(dir)
-    }
-
     /// The team dir at `root`, made absolute against the current directory once, here: every
     /// path derived from it is handed to workers and hooks that start in other directories.
-    fn at(root: impl Into<PathBuf>) -> Result<TeamDir> {
+    /// Refuses a `root` that exists and is not a directory.
+    pub(crate) fn at_path(root: impl Into<PathBuf>) -> Result<TeamDir> {
         let root = root.into();
         let root = std::path::absolute(&root).map_err(Error::io("resolve", &root))?;
         match std::fs::metadata(&root) {
             Ok(m) if !m.is_dir() => return Err(Error::NotADirectory(root)),
             _ => {}
         }
-        let bus = match std::env::var(crate::bus::BUS_ENV) {
-            Ok(url) if !url.is_empty() => {
-                Some(std::sync::Arc::new(crate::bus::RedisBus::from_url(&url)?))
-            }
-            _ => None,
-        };
-        Ok(TeamDir { root, bus })
+        Ok(TeamDir { root, remote: None })
     }
 
-    /// The Redis bus the inboxes live on, if any (`None`: the files of this directory).
-    pub fn bus(&self) -> Option<&crate::bus::RedisBus> {
-        self.bus.as_deref()
-    }
-
-    /// The same team dir with its inboxes on `bus` (or on files, with `None`).
-    pub fn with_bus(mut self, bus: Option<crate::bus::RedisBus>) -> TeamDir {
-        self.bus = bus.map(std::sync::Arc::new);
-        self
+    /// Creates the layout (0700 directories) where missing.
+    pub(crate) fn make_layout(&self) -> Result<()> {
+        for sub in [
+            self.root.clone(),
+            self.inbox_dir(),
+            self.requests_dir(),
+            self.tasks_dir(),
+            self.transcripts_dir(),
+            self.logs_dir(),
+        ] {
+            fsutil::create_dir(&sub)?;
+            fsutil::make_private(&sub)?;
+        }
+        Ok(())
     }
 
     /// The team dir itself.

@@ -54,8 +54,8 @@ fn scenario(bus: Option<(String, String)>) {
     let lead = |team: &Team, url: &str, args: &[&str]| {
         let mut c = lead_cmd(team, url, args);
         if let Some((bus, password)) = &bus {
-            c.env(troupe::bus::BUS_ENV, bus)
-                .env(troupe::bus::PASSWORD_ENV, password);
+            c.env(troupe::store::redis::BUS_ENV, bus)
+                .env(troupe::store::redis::PASSWORD_ENV, password);
         }
         c
     };
@@ -272,7 +272,7 @@ fn scenario(bus: Option<(String, String)>) {
     }
     let on = match &bus {
         Some((url, password)) => team.dir.clone().with_bus(Some(
-            troupe::bus::RedisBus::with_password(url, password).unwrap(),
+            troupe::store::redis::RedisBus::with_password(url, password).unwrap(),
         )),
         None => team.dir.clone(),
     };

@@ -53,7 +53,7 @@ fn lead_in(cwd: &Path, url: &str, key_file: &str, args: &[&str]) -> Command {
         .env("ANTHROPIC_BASE_URL", url)
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::bus::BUS_ENV)
+        .env_remove(troupe::store::redis::BUS_ENV)
         .stdin(Stdio::null());
     c
 }

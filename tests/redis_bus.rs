@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use support::child::{self, Rng};
 use support::drain;
 use support::redis_server::RedisServer;
-use troupe::bus::{PASSWORD_ENV, RedisBus, RedisInbox};
 use troupe::config::{Member, Roster};
 use troupe::message::{Message, MessageType};
+use troupe::store::redis::{PASSWORD_ENV, RedisBus, RedisInbox};
 use troupe::wait::Wake;
 use troupe::{AgentName, Error, TeamDir};
 

@@ -18,7 +18,7 @@ fn lead_in(cwd: &Path, args: &[&str]) -> Output {
         .args(args)
         .current_dir(cwd)
         .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::bus::BUS_ENV)
+        .env_remove(troupe::store::redis::BUS_ENV)
         .output()
         .unwrap()
 }
@@ -73,7 +73,7 @@ printf '%s\n' "${COMPREPLY[@]}""#,
         .current_dir(cwd)
         .env("PATH", path)
         .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::bus::BUS_ENV)
+        .env_remove(troupe::store::redis::BUS_ENV)
         .output()
         .unwrap();
     assert!(o.status.success(), "bash: {o:?}");

@@ -57,7 +57,7 @@ fn lead_with_llm(cwd: &Path, url: &str, args: &[&str]) -> Command {
         .env("ANTHROPIC_BASE_URL", url)
         .env_remove("ANTHROPIC_API_KEY_FILE")
         .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::bus::BUS_ENV)
+        .env_remove(troupe::store::redis::BUS_ENV)
         .stdin(Stdio::null());
     c
 }

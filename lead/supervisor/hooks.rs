@@ -32,7 +32,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -44,6 +43,7 @@ use troupe::inbox::Durability;
 use troupe::mail::Stopped;
 use troupe::message::{Message, MessageType};
 use troupe::sandbox::{Sandbox, Settings as SandboxSettings};
+use troupe::store::Watched;
 use troupe::tasks::{Task, TaskStatus, TaskStore};
 use troupe::teamdir::LEAD;
 
@@ -144,46 +144,29 @@ impl Runner {
     }
 
     fn run(&self, wake: &std::os::unix::net::UnixStream) {
-        // Replaced files land by rename: config.json in the root, ID.json in tasks/. Nothing
-        // else there (events.jsonl, inboxes, locks) wakes the thread.
-        // On a bus nothing of the roster or the board is a file here: a look every second.
-        let notify = match self.team.bus() {
-            Some(_) => None,
-            None => Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok(),
-        };
-        let mut tasks_wd = None;
-        if let Some(n) = &notify {
-            let flags = AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE;
-            let _ = n.add_watch(self.team.root(), flags);
-            tasks_wd = n.add_watch(&self.team.tasks_dir(), flags).ok();
-        }
+        // The roster and the board: config.json and tasks/ID.json replaced in a team dir, or
+        // the bus's change feed.
+        let watch = self
+            .team
+            .store()
+            .watch(&[Watched::Roster, Watched::Tasks])
+            .map_err(|e| tracing::warn!("hooks: {e}; looking once a second instead"))
+            .ok();
         let mut due = true;
         while !self.stopped() {
             if due && let Err(e) = self.pass() {
                 tracing::warn!("hooks: {e:#}");
             }
             let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-            if let Some(n) = &notify {
-                fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
+            if let Some(w) = &watch {
+                fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
             }
-            // Without inotify, a look every second.
-            due = notify.is_none();
+            // Without a watch, a look every second.
+            due = watch.is_none();
             let _ = poll(&mut fds, PollTimeout::from(1000u16));
             drop(fds);
-            if let Some(n) = &notify {
-                while let Ok(evs) = n.read_events() {
-                    if evs.is_empty() {
-                        break;
-                    }
-                    due |= evs.iter().any(|e| {
-                        let name = e.name.as_deref().and_then(|n| n.to_str()).unwrap_or("");
-                        if Some(e.wd) == tasks_wd {
-                            name.ends_with(".json")
-                        } else {
-                            name == "config.json"
-                        }
-                    });
-                }
+            if let Some(w) = &watch {
+                due |= w.changed();
             }
         }
     }
@@ -193,11 +176,12 @@ impl Runner {
     /// hooks run on one host (while hosts come and go two may both run one: at least once, as
     /// ever; the verdict is applied once).
     fn runs_task_hooks(&self) -> bool {
-        let (Some(me), Some(bus)) = (&self.host, self.team.bus()) else {
+        let Some(me) = &self.host else {
             return true;
         };
-        match troupe::bus::hosts::live_hosts(bus) {
-            Ok(live) => live.first().is_none_or(|first| first == me),
+        match self.team.store().live_hosts() {
+            Ok(Some(live)) => live.first().is_none_or(|first| first == me),
+            Ok(None) => true,
             Err(_) => false,
         }
     }
@@ -577,8 +561,8 @@ impl Runner {
             .env("TROUPE_TEAM_DIR", self.team.root())
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_API_KEY")
-            .env_remove(troupe::bus::PASSWORD_ENV)
-            .env_remove(troupe::bus::PASSWORD_FILE_ENV)
+            .env_remove(troupe::secrets::BUS_PASSWORD_ENV)
+            .env_remove(troupe::secrets::BUS_PASSWORD_FILE_ENV)
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");

@@ -1,5 +1,5 @@
 //! The supervisor's hold on its host, on a team spread over machines (see
-//! [`troupe::bus::hosts`]): a thread renews the lease every [`RENEW_EVERY`] for as long as the
+//! [`troupe::store::HostLease`]): a thread renews the lease every [`RENEW_EVERY`] for as long as the
 //! supervisor lives, through a graceful team stop too (which blocks the main loop for up to
 //! `--stop-timeout`), and looks for a `lead stop` aimed at this host. What it finds, it raises as
 //! a flag and a byte on the supervisor's wake pipe.
@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use troupe::bus::hosts::HostLease;
+use troupe::store::HostLease;
 
-/// How often the lease is renewed (well inside [`troupe::bus::hosts::HOST_LEASE`]).
+/// How often the lease is renewed (well inside [`troupe::store::HOST_LEASE`]).
 const RENEW_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Default)]

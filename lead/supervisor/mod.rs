@@ -24,11 +24,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::json;
-use troupe::bus::hosts::{self, HostLease};
 use troupe::config::{
     Activity, ActivityState, ExitInfo, MemberStatus, Roster, RosterWriter, TeamConfig,
 };
@@ -38,6 +36,7 @@ use troupe::inbox::{Durability, Inbox};
 use troupe::message::{Message, MessageType};
 use troupe::ops;
 use troupe::requests::{RequestKind, RequestStatus, RequestStore};
+use troupe::store::Watched;
 use troupe::teamdir::LEAD;
 use troupe::{AgentName, TeamDir};
 
@@ -222,18 +221,11 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     };
     std::fs::write(team.lead_lock(), format!("{}\n", std::process::id()))
         .context("failed to record the supervisor pid")?;
-    let lease = match (team.bus(), &args.host) {
-        (Some(bus), host) => {
-            let host = host.clone().unwrap_or_else(hosts::this_host);
-            Some(HostLease::acquire(
-                bus,
-                &host,
-                hosts::HOST_LEASE + Duration::from_secs(2),
-            )?)
-        }
-        (None, Some(h)) => return Err(hosts::no_bus(format!("--host {h}")).into()),
-        (None, None) => None,
-    };
+    // On a team spread over hosts: this host's lease, which fences this supervisor's writes.
+    let lease = team.store().hold_host(
+        args.host.as_deref(),
+        troupe::store::HOST_LEASE + Duration::from_secs(2),
+    )?;
     let workdir = match &args.workdir {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,
@@ -299,16 +291,14 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         sup.writer.apply(move |c| c.team_budget_usd = Some(b));
         events::log(&sup.team, "team_budget", json!({"budget_usd": b}));
     }
-    let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
-    if let Some(n) = &notify {
-        let flags =
-            AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
-        let _ = n.add_watch(sup.team.root(), flags);
-        let _ = n.add_watch(&sup.team.requests_dir(), flags);
-    }
-    if let Some(bus) = sup.team.bus() {
-        follow_changes(bus.clone(), wake_w.try_clone()?);
-    }
+    // Woken by changes of the roster and the requests (inotify on the files, or the bus's
+    // change feed), a signal, or the next timer.
+    let watch = sup
+        .team
+        .store()
+        .watch(&[Watched::Roster, Watched::Requests])
+        .map_err(|e| tracing::warn!("{e}; looking once a second instead"))
+        .ok();
     let mut notifier = crate::notify::Notifier::from_env();
     sup.tick()?;
     let hooks = hooks::Hooks::start(
@@ -355,8 +345,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
             .min(Duration::from_secs(1))
             .min(ping);
         let mut fds = vec![PollFd::new(wake_r.as_fd(), PollFlags::POLLIN)];
-        if let Some(n) = &notify {
-            fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
+        if let Some(w) = &watch {
+            fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
         }
         let ms = timeout.as_millis().clamp(1, 1000) as i32;
         let _ = poll(
@@ -365,12 +355,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         );
         drop(fds);
         drain_pipe(&wake_r);
-        if let Some(n) = &notify {
-            while let Ok(evs) = n.read_events() {
-                if evs.is_empty() {
-                    break;
-                }
-            }
+        if let Some(w) = &watch {
+            w.changed();
         }
     }
     notifier.stopping();
@@ -403,25 +389,6 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     }
     drop(lock);
     Ok(0)
-}
-
-/// Wakes the loop (a byte on `wake`) on every change on the bus: the roster, a request, a
-/// task, a stop. What inotify does for the team dir's files.
-fn follow_changes(bus: troupe::bus::RedisBus, wake: std::os::unix::net::UnixStream) {
-    std::thread::spawn(move || {
-        use std::io::Write;
-        let mut feed = troupe::bus::ChangeFeed::new(&bus);
-        let mut wake = wake;
-        loop {
-            match feed.wait(Duration::from_secs(5)) {
-                Ok(true) => {
-                    let _ = wake.write(&[0]);
-                }
-                Ok(false) => {}
-                Err(_) => std::thread::sleep(Duration::from_millis(500)),
-            }
-        }
-    });
 }
 
 fn drain_pipe(r: &std::os::unix::net::UnixStream) {

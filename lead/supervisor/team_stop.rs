@@ -143,11 +143,11 @@ pub struct StopArgs {
 /// On a bus: a stop for each host's supervisor (or `--host`'s), and a wait until every one of
 /// them has let its lease go.
 pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
-    if let Some(bus) = team.bus() {
-        return stop_hosts(bus, a);
+    if let Some(live) = team.store().live_hosts()? {
+        return stop_hosts(team, live, a);
     }
     if let Some(h) = &a.host {
-        return Err(hosts::no_bus(format!("--host {h}")).into());
+        team.store().check_host(h, || format!("--host {h}"))?;
     }
     let lock = team.lead_lock();
     if !HeldLock::is_held(&lock)? {
@@ -181,11 +181,12 @@ pub fn stop(team: &TeamDir, a: StopArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-fn stop_hosts(bus: &troupe::bus::RedisBus, a: StopArgs) -> anyhow::Result<u8> {
-    let live = hosts::live_hosts(bus)?;
+/// `lead stop` on a team spread over hosts (`live`: those running now).
+fn stop_hosts(team: &TeamDir, live: Vec<String>, a: StopArgs) -> anyhow::Result<u8> {
+    let store = team.store();
     let targets: Vec<String> = match &a.host {
         Some(h) => {
-            hosts::check_host(h)?;
+            store.check_host(h, || format!("--host {h}"))?;
             if !live.contains(h) {
                 return Err(troupe::Error::MemberConflict {
                     name: format!("lead --host {h}"),
@@ -207,11 +208,13 @@ fn stop_hosts(bus: &troupe::bus::RedisBus, a: StopArgs) -> anyhow::Result<u8> {
         None => live,
     };
     for h in &targets {
-        hosts::request_stop(bus, h)?;
+        store.request_stop(h)?;
     }
     let deadline = Instant::now() + Duration::from_secs(a.timeout);
     loop {
-        let left: Vec<String> = hosts::live_hosts(bus)?
+        let left: Vec<String> = store
+            .live_hosts()?
+            .unwrap_or_default()
             .into_iter()
             .filter(|h| targets.contains(h))
             .collect();

@@ -339,7 +339,7 @@ impl Teammate {
                     if self.terminated() {
                         return Ok(Vec::new());
                     }
-                    backoff = crate::bus::outage_backoff(backoff);
+                    backoff = crate::store::outage_backoff(backoff);
                     let until = std::time::Instant::now() + backoff;
                     while std::time::Instant::now() < until && !self.terminated() {
                         std::thread::sleep(Duration::from_millis(20));

@@ -354,7 +354,7 @@ pub fn key_files() -> Vec<PathBuf> {
     ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
         .iter()
         .filter_map(|n| key_file_with(&vars, n))
-        .chain(std::env::var_os(crate::bus::PASSWORD_FILE_ENV).map(PathBuf::from))
+        .chain(std::env::var_os(crate::secrets::BUS_PASSWORD_FILE_ENV).map(PathBuf::from))
         .collect()
 }
 

@@ -47,7 +47,7 @@ impl Bus {
     /// `host`'s team dir with the team's state on this bus (the library's seam).
     pub fn team_dir(&self, host: &Host) -> troupe::TeamDir {
         troupe::TeamDir::create(&host.team).unwrap().with_bus(Some(
-            troupe::bus::RedisBus::with_password(&self.url, &self.password).unwrap(),
+            troupe::store::redis::RedisBus::with_password(&self.url, &self.password).unwrap(),
         ))
     }
 
@@ -59,7 +59,7 @@ impl Bus {
             .current_dir(&host.work)
             .env_remove("TROUPE_TEAM_DIR")
             .env("TROUPE_BUS", &self.url)
-            .env(troupe::bus::PASSWORD_ENV, &self.password)
+            .env(troupe::store::redis::PASSWORD_ENV, &self.password)
             .env("TROUPE_PROVIDER", "replay")
             .env("TROUPE_CASSETTE", &self.cassette)
             .stdin(Stdio::null());

@@ -204,7 +204,7 @@ pub fn lead_cmd(team: &Team, url: &str, args: &[&str]) -> Command {
         .env("ANTHROPIC_API_KEY", "sk-test")
         .env("ANTHROPIC_BASE_URL", url)
         .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::bus::BUS_ENV)
+        .env_remove(troupe::store::redis::BUS_ENV)
         .stdin(Stdio::null());
     c
 }

@@ -254,7 +254,7 @@ impl ChangeFeed {
                     .arg(1)
                     .query(c)
             })?;
-            self.last = super::redis_inbox::first_id(&v).unwrap_or_else(|| "0-0".to_owned());
+            self.last = super::inbox::first_id(&v).unwrap_or_else(|| "0-0".to_owned());
         }
         let ms = timeout.as_millis().clamp(1, 60_000) as u64;
         let last = self.last.clone();
@@ -269,12 +269,64 @@ impl ChangeFeed {
                 .arg(&last)
                 .query(c)
         })?;
-        match super::redis_inbox::last_stream_id(&v) {
+        match super::inbox::last_stream_id(&v) {
             Some(id) => {
                 self.last = id;
                 Ok(true)
             }
             None => Ok(false),
         }
+    }
+}
+
+/// A [`ChangeFeed`] followed by a thread of its own, which writes a byte to a socket on every
+/// change: a descriptor to `poll(2)` (see [`crate::store::watch`]). The thread ends once the
+/// watch is dropped (its next write fails).
+pub struct FeedWatch {
+    rx: std::os::unix::net::UnixStream,
+}
+
+impl FeedWatch {
+    pub fn new(bus: RedisBus) -> Result<FeedWatch> {
+        let (rx, mut tx) = std::os::unix::net::UnixStream::pair()
+            .map_err(Error::io("make a socket pair", "change feed"))?;
+        rx.set_nonblocking(true)
+            .map_err(Error::io("configure", "change feed"))?;
+        std::thread::Builder::new()
+            .name("change-feed".into())
+            .spawn(move || {
+                use std::io::Write;
+                let mut feed = ChangeFeed::new(&bus);
+                loop {
+                    match feed.wait(Duration::from_secs(5)) {
+                        Ok(true) => {
+                            if tx.write(&[0]).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(false) => {}
+                        Err(_) => std::thread::sleep(Duration::from_millis(500)),
+                    }
+                }
+            })
+            .map_err(Error::io("spawn a thread", "change feed"))?;
+        Ok(FeedWatch { rx })
+    }
+
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.rx)
+    }
+
+    pub fn changed(&self) -> bool {
+        use std::io::Read;
+        let mut buf = [0u8; 256];
+        let mut any = false;
+        while let Ok(n) = (&self.rx).read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            any = true;
+        }
+        any
     }
 }

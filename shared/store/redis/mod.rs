@@ -1,11 +1,11 @@
-//! Where the team's shared state lives when it is not the team directory: a Redis 7 (or Valkey)
+//! The Redis backend of the store ([`crate::store`]): the team's shared state on a Redis 7 (or Valkey)
 //! server, so that teammates on several machines (hosts) share one team.
 //!
 //! A bus is named by a URL, `redis://[USER@]HOST[:PORT][/DB][?team=NAME]` (or `rediss://`),
 //! in `TROUPE_BUS` (`lead --bus` sets it for itself and the workers it starts); a
 //! [`crate::TeamDir`] made while it is set keeps there what every host must see: the inboxes
 //! ([`RedisInbox`]), the roster, each request and each task (documents, changed under a lock of
-//! their own: `redis_doc`), the events (a capped stream), the change feed supervisors wake on,
+//! their own: `doc`), the events (a capped stream), the change feed supervisors wake on,
 //! and the hosts' leases ([`hosts`]). What only the member's own host needs stays in its team
 //! dir: transcripts (the consumers' journals), logs, set-aside lines, worktrees.
 //!
@@ -19,13 +19,13 @@
 //!
 //! Keys are `troupe:{TEAM}:...`, so teams can share a server.
 
+mod doc;
 pub mod hosts;
+mod inbox;
 pub mod lease;
-mod redis_doc;
-mod redis_inbox;
 
-pub use redis_doc::{BusLock, ChangeFeed, FEED_LEN, LEASE};
-pub use redis_inbox::{RedisInbox, RedisWaiter};
+pub use doc::{BusLock, ChangeFeed, FEED_LEN, FeedWatch, LEASE};
+pub use inbox::{RedisInbox, RedisWaiter};
 
 use std::fmt;
 use std::time::Duration;
@@ -34,15 +34,10 @@ use redis::IntoConnectionInfo;
 
 use crate::error::{Error, Result};
 
-/// The environment variable naming the bus (as `--bus` does).
-pub const BUS_ENV: &str = "TROUPE_BUS";
-/// A file holding the bus password (first line).
-pub const PASSWORD_FILE_ENV: &str = "TROUPE_BUS_PASSWORD_FILE";
-/// The bus password itself (the last resort: the environment of a process is readable by the
-/// same user through `/proc`).
-pub const PASSWORD_ENV: &str = "TROUPE_BUS_PASSWORD";
-/// The name of the systemd credential holding the password (`LoadCredential=`).
-pub const CREDENTIAL: &str = "troupe-bus-password";
+pub use crate::secrets::BUS_CREDENTIAL as CREDENTIAL;
+pub use crate::secrets::{
+    BUS_ENV, BUS_PASSWORD_ENV as PASSWORD_ENV, BUS_PASSWORD_FILE_ENV as PASSWORD_FILE_ENV,
+};
 
 /// A Redis bus: where it is, as whom, for which team.
 #[derive(Clone)]
@@ -289,12 +284,6 @@ impl RedisBus {
     }
 }
 
-/// The next pause of a process waiting for a bus that does not answer (a server restarting, a
-/// network cut), after `last` (zero at the first failure): 100 ms, doubling up to 2 s.
-pub fn outage_backoff(last: Duration) -> Duration {
-    (last * 2).clamp(Duration::from_millis(100), Duration::from_secs(2))
-}
-
 /// Events kept in the team's event stream (approximately: `MAXLEN ~`); the file log is never
 /// trimmed, but a server's memory is not a disk.
 pub const EVENTS_LEN: u64 = 100_000;
@@ -330,7 +319,7 @@ pub(crate) fn read_events(bus: &RedisBus, after: u64) -> Result<(Vec<Vec<u8>>, u
     })?;
     let mut last = after;
     let mut lines = Vec::new();
-    for (id, line) in redis_inbox::range_entries(&v, "e") {
+    for (id, line) in inbox::range_entries(&v, "e") {
         if let Some((ms, seq)) = id.split_once('-')
             && let (Ok(ms), Ok(seq)) = (ms.parse::<u64>(), seq.parse::<u64>())
         {

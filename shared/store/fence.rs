@@ -15,6 +15,7 @@
 //! owner lock per member and for the lead, `lead.lock` per supervisor), and the checks are
 //! those locks.
 
+use super::Store;
 use crate::error::Result;
 use crate::teamdir::TeamDir;
 
@@ -25,15 +26,15 @@ pub const EXIT_SUPERSEDED: u8 = 79;
 /// incarnation's writes are refused from now on. Fenced by the caller's own fence (a
 /// supervisor's host lease).
 pub fn begin_incarnation(team: &TeamDir, name: &str, incarnation: u64) -> Result<()> {
-    match team.bus() {
-        Some(bus) => bus.set_member_epoch(name, incarnation),
-        None => Ok(()),
+    match team.store() {
+        Store::Redis(bus) => bus.set_member_epoch(name, incarnation),
+        Store::Files(_) => Ok(()),
     }
 }
 
 /// Fences this process's writes by member `name`'s `incarnation` (a worker, at start).
 pub fn act_as_member(team: &TeamDir, name: &str, incarnation: u64) {
-    if let Some(bus) = team.bus() {
+    if let Store::Redis(bus) = team.store() {
         bus.set_fence(bus.member_fence(name, incarnation));
     }
 }
@@ -41,7 +42,10 @@ pub fn act_as_member(team: &TeamDir, name: &str, incarnation: u64) {
 /// Whether a write of this process was refused because a newer holder of its fence replaced
 /// it (never in a team dir).
 pub fn replaced(team: &TeamDir) -> bool {
-    team.bus().is_some_and(|b| b.replaced())
+    match team.store() {
+        Store::Redis(bus) => bus.replaced(),
+        Store::Files(_) => false,
+    }
 }
 
 /// The one consumer of the lead's inbox across every host of a team: held by `lead chat` for
@@ -49,16 +53,16 @@ pub fn replaced(team: &TeamDir) -> bool {
 /// [`crate::Error::Locked`] (exit 4). In a team dir it is the lead journal's owner lock that
 /// the caller holds already, and this holds nothing.
 pub struct LeadInboxConsumer {
-    _lease: Option<crate::bus::lease::ConsumerLease>,
+    _lease: Option<super::redis::lease::ConsumerLease>,
 }
 
 impl LeadInboxConsumer {
     /// Takes it, and fences this process's writes by it.
     pub fn take(team: &TeamDir) -> Result<LeadInboxConsumer> {
         Ok(LeadInboxConsumer {
-            _lease: match team.bus() {
-                Some(bus) => Some(crate::bus::lease::ConsumerLease::take(bus)?),
-                None => None,
+            _lease: match team.store() {
+                Store::Redis(bus) => Some(super::redis::lease::ConsumerLease::take(bus)?),
+                Store::Files(_) => None,
             },
         })
     }

@@ -38,8 +38,8 @@
 //!
 //! The inbox file is never replaced, only truncated, so descriptors held by writers stay valid.
 //!
-//! When the team dir has a Redis bus ([`TeamDir::bus`]), every operation goes to the inbox's
-//! stream there instead ([`crate::bus::RedisInbox`]), with the same guarantees.
+//! When the team's store is a Redis bus ([`crate::store`]), every operation goes to the inbox's
+//! stream there instead ([`super::redis::RedisInbox`]), with the same guarantees.
 
 use std::fs::File;
 use std::io::Write;
@@ -50,16 +50,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::json;
 
-use crate::bus::RedisInbox;
+use super::Store;
+use super::files::aside::set_aside;
+use super::redis::RedisInbox;
+pub use super::{DEFAULT_CAP, DrainPoint};
 use crate::error::{Error, Result};
-use crate::events;
 use crate::fsutil::{self, LockGuard};
 use crate::message::Message;
 use crate::teamdir::{AgentName, TeamDir};
 use crate::transcript::Journal;
-
-/// Default inbox cap: an inbox this large refuses new messages.
-pub const DEFAULT_CAP: u64 = 64 * 1024 * 1024;
 
 /// An inbox, by name. Cheap to build; opens its files per operation (see [`InboxWriter`] for a
 /// writer that keeps them open).
@@ -101,16 +100,17 @@ impl Inbox {
             drain_lock_path: team.inbox_drain_lock(name),
             cap: DEFAULT_CAP,
             drained_once: Arc::new(AtomicBool::new(false)),
-            redis: team
-                .bus()
-                .map(|bus| Arc::new(RedisInbox::new(bus, team, name))),
+            redis: match team.store() {
+                Store::Redis(bus) => Some(Arc::new(RedisInbox::new(bus, team, name))),
+                Store::Files(_) => None,
+            },
         }
     }
 
     /// Sets the size cap in bytes.
     pub fn with_cap(mut self, cap: u64) -> Inbox {
         self.cap = cap;
-        if let Some(bus) = self.team.bus() {
+        if let Store::Redis(bus) = self.team.store() {
             self.redis = Some(Arc::new(
                 RedisInbox::new(bus, &self.team, &self.name).with_cap(cap),
             ));
@@ -118,8 +118,8 @@ impl Inbox {
         self
     }
 
-    /// The inbox on the team's Redis bus, if it has one.
-    pub fn redis(&self) -> Option<&RedisInbox> {
+    /// The inbox on the team's Redis bus, if it has one (for the store's waiter).
+    pub(crate) fn redis(&self) -> Option<&RedisInbox> {
         self.redis.as_deref()
     }
 
@@ -338,78 +338,6 @@ impl Inbox {
         let file = file.file_name().map(|n| n.to_string_lossy().into_owned());
         set_aside(&self.team, &self.name, records, json!({"file": file}))
     }
-}
-
-/// Appends `records` (each stamped with `at`) to `inbox/NAME.corrupt.jsonl`, fsynced, and logs
-/// an `inbox_corrupt` event with `event`'s fields: where every drain, of a file or of a Redis
-/// stream, puts what it could not read. Its caller is the inbox's one drainer (the drain lock,
-/// or the journal's owner lock on a bus).
-pub(crate) fn set_aside(
-    team: &TeamDir,
-    name: &AgentName,
-    mut records: Vec<serde_json::Value>,
-    event: serde_json::Value,
-) -> Result<()> {
-    let path = team.inbox_corrupt(name);
-    fsutil::create_dir(&team.inbox_dir())?;
-    let mut buf = Vec::new();
-    for rec in &mut records {
-        rec["at"] = json!(fsutil::now());
-        serde_json::to_writer(&mut buf, &*rec)
-            .map_err(|e| Error::Protocol(format!("failed to serialize corrupt record: {e}")))?;
-        buf.push(b'\n');
-    }
-    let mut f = fsutil::open_append(&path)?;
-    // Only the drainer writes this file. A torn last record is the copy of a line whose
-    // setter-aside died before marking it consumed, so the line is still there (in the inbox, or
-    // pending in the stream) and about to be set aside again: cut the torn copy.
-    let len = f.metadata().map_err(Error::io("stat", &path))?.len();
-    if len > 0 {
-        let keep = last_newline_end(&f, len, &path)?;
-        if keep < len {
-            f.set_len(keep)
-                .map_err(Error::io("truncate torn tail of", &path))?;
-        }
-    }
-    f.write_all(&buf).map_err(Error::io("append to", &path))?;
-    fsutil::sync_data(&f, &path)?;
-    let mut fields = json!({"name": name, "lines": records.len()});
-    if let (Some(f), serde_json::Value::Object(extra)) = (fields.as_object_mut(), event) {
-        f.extend(extra);
-    }
-    events::log(team, "inbox_corrupt", fields);
-    tracing::warn!(inbox = %name, lines = records.len(), "set aside unreadable inbox lines");
-    Ok(())
-}
-
-/// The offset just past the last `\n` in the first `size` bytes of `file` (0 if none).
-fn last_newline_end(file: &File, size: u64, path: &Path) -> Result<u64> {
-    let mut end = size;
-    let mut chunk = vec![0u8; 64 * 1024];
-    while end > 0 {
-        let start = end.saturating_sub(chunk.len() as u64);
-        let n = (end - start) as usize;
-        file.read_exact_at(&mut chunk[..n], start)
-            .map_err(Error::io("read", path))?;
-        if let Some(i) = chunk[..n].iter().rposition(|&b| b == b'\n') {
-            return Ok(start + i as u64 + 1);
-        }
-        end = start;
-    }
-    Ok(0)
-}
-
-/// Where a drain can be cut short; see the module docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainPoint {
-    /// The new bytes are read; nothing is journaled yet.
-    Read,
-    /// The new messages are in the journal (fsynced); the inbox does not say so yet.
-    Journaled,
-    /// The offset is 0; the file is about to be truncated.
-    Reset,
-    /// The drain is done: the offset or the truncate says what was consumed.
-    Marked,
 }
 
 /// How many consumed bytes make a drain reclaim them under a steady stream: a 16th of the cap,
@@ -777,7 +705,7 @@ mod tests {
         let limit = std::fs::metadata(&path).unwrap().len() + 400;
         let mut child = std::process::Command::new(std::env::current_exe().unwrap());
         child
-            .args(["--exact", "inbox::tests::fsize_child", "--nocapture"])
+            .args(["--exact", "store::inbox::tests::fsize_child", "--nocapture"])
             .env("TROUPE_TEST_FSIZE_TEAM", team.root());
         // SAFETY: setrlimit and signal are async-signal-safe; nothing else runs in the child.
         unsafe {

@@ -26,16 +26,7 @@ use crate::error::Result;
 use crate::fsutil;
 use crate::inbox::Inbox;
 
-/// Why [`InboxWaiter::wait`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
-    /// The inbox holds data.
-    Message,
-    /// One of the extra descriptors became readable.
-    External,
-    /// The timeout passed.
-    Timeout,
-}
+pub use super::Wake;
 
 /// Waits for an inbox to become non-empty.
 #[derive(Debug)]
@@ -46,7 +37,7 @@ pub struct InboxWaiter {
     /// The watch on the inbox, while a wait sleeps.
     watch: Option<WatchDescriptor>,
     /// For an inbox on a Redis bus: a blocking read there, instead of a watch.
-    redis: Option<crate::bus::RedisWaiter>,
+    redis: Option<super::redis::RedisWaiter>,
 }
 
 const FALLBACK_MIN: Duration = Duration::from_millis(1);

@@ -166,7 +166,7 @@ impl Lease {
     /// holder's epoch is higher.
     pub fn release(&self) {
         let r = self.bus.with_conn("let a lease go", |c| {
-            redis::Script::new(super::redis_doc::RELEASE)
+            redis::Script::new(super::doc::RELEASE)
                 .key(&self.key)
                 .arg(&self.token)
                 .invoke::<i64>(c)

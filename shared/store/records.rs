@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::Store;
 use crate::error::{Error, Result};
 use crate::fsutil::{self, FILE_MODE};
 use crate::teamdir::TeamDir;
@@ -35,7 +36,7 @@ pub(crate) struct Records<'a> {
 impl Records<'_> {
     /// A fresh id, reserved by creating its lock file (a collision draws again).
     pub fn reserve_id(&self) -> Result<String> {
-        if let Some(bus) = self.team.bus() {
+        if let Store::Redis(bus) = self.team.store() {
             let index = bus.key(&self.index());
             loop {
                 let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -69,9 +70,9 @@ impl Records<'_> {
     /// The record `id`, or `None` when its file is not there.
     fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
         let path = (self.file)(self.team, id)?;
-        let bytes = match self.team.bus() {
-            Some(bus) => bus.get_doc(&self.key(id))?,
-            None => fsutil::read_optional(&path)?,
+        let bytes = match self.team.store() {
+            Store::Redis(bus) => bus.get_doc(&self.key(id))?,
+            Store::Files(_) => fsutil::read_optional(&path)?,
         };
         let Some(bytes) = bytes else {
             return Ok(None);
@@ -81,9 +82,9 @@ impl Records<'_> {
 
     fn parse<T: DeserializeOwned>(&self, id: &str, bytes: &[u8]) -> Result<T> {
         serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
-            path: match self.team.bus() {
-                Some(bus) => PathBuf::from(bus.key(&self.key(id))),
-                None => (self.file)(self.team, id).unwrap_or_default(),
+            path: match self.team.store() {
+                Store::Redis(bus) => PathBuf::from(bus.key(&self.key(id))),
+                Store::Files(_) => (self.file)(self.team, id).unwrap_or_default(),
             },
             why: e.to_string(),
         })
@@ -100,7 +101,7 @@ impl Records<'_> {
     }
 
     /// Every record on the bus.
-    fn list_bus<T: DeserializeOwned>(&self, bus: &crate::bus::RedisBus) -> Result<Vec<T>> {
+    fn list_bus<T: DeserializeOwned>(&self, bus: &super::redis::RedisBus) -> Result<Vec<T>> {
         let index = bus.key(&self.index());
         let mut ids: Vec<String> =
             bus.with_conn("list", |c| redis::cmd("SMEMBERS").arg(&index).query(c))?;
@@ -125,7 +126,7 @@ impl Records<'_> {
     /// Every record, in no order. Files that are not records are ignored; unreadable records
     /// are reported with a warning and skipped.
     pub fn list<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
-        if let Some(bus) = self.team.bus() {
+        if let Store::Redis(bus) = self.team.store() {
             return self.list_bus(bus);
         }
         let dir = (self.dir)(self.team);
@@ -160,7 +161,7 @@ impl Records<'_> {
         T: Serialize + DeserializeOwned + Clone + PartialEq,
     {
         let path = (self.file)(self.team, id)?;
-        if let Some(bus) = self.team.bus() {
+        if let Store::Redis(bus) = self.team.store() {
             return self.locked_bus(bus, id, f);
         }
         let lock_path = (self.lock)(self.team, id)?;
@@ -202,10 +203,10 @@ impl Records<'_> {
     }
 
     /// [`Records::locked`] on the bus: the record's lock is a lease on the server and the write
-    /// is fenced by it (see [`crate::bus`]).
+    /// is fenced by it (see [`super::redis`]).
     fn locked_bus<T>(
         &self,
-        bus: &crate::bus::RedisBus,
+        bus: &super::redis::RedisBus,
         id: &str,
         f: impl FnOnce(Option<T>) -> Result<Option<T>>,
     ) -> Result<T>

@@ -1,6 +1,6 @@
 //! One named document of a team, wherever the team's state lives: a file in the team dir
 //! replaced under its sidecar lock (temp, fsync, rename, fsync dir), or a key on the bus
-//! changed under its lock and written fenced by it (see [`crate::bus`]). Callers read and
+//! changed under its lock and written fenced by it (see [`super::redis`]). Callers read and
 //! change bytes and never ask which backend holds them.
 //!
 //! The record of applied team files (`team-file.json`) lives here, so a team on a bus has one
@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use super::Store;
 use crate::error::Result;
 use crate::fsutil;
 use crate::teamdir::TeamDir;
@@ -39,9 +40,9 @@ impl<'a> Doc<'a> {
         }
     }
 
-    /// Whether it lives in the team dir, where people read and edit it (rather than on a bus).
+    /// Whether people read and edit it (a file in the team dir, rather than a key on a bus).
     fn is_file(&self) -> bool {
-        self.team.bus().is_none()
+        self.team.store().for_people()
     }
 
     /// `value` as this document's bytes: indented JSON with a final newline in a file (people
@@ -65,9 +66,9 @@ impl<'a> Doc<'a> {
 
     /// Where the document is, for messages: its file, or its key on the bus.
     pub fn place(&self) -> String {
-        match self.team.bus() {
-            Some(bus) => bus.key(self.key),
-            None => self.file().display().to_string(),
+        match self.team.store() {
+            Store::Redis(bus) => bus.key(self.key),
+            Store::Files(_) => self.file().display().to_string(),
         }
     }
 
@@ -86,9 +87,9 @@ impl<'a> Doc<'a> {
 
     /// Its bytes; `None` when it does not exist.
     pub fn read(&self) -> Result<Option<Vec<u8>>> {
-        match self.team.bus() {
-            Some(bus) => bus.get_doc(self.key),
-            None => fsutil::read_optional(&self.file()),
+        match self.team.store() {
+            Store::Redis(bus) => bus.get_doc(self.key),
+            Store::Files(_) => fsutil::read_optional(&self.file()),
         }
     }
 
@@ -98,7 +99,7 @@ impl<'a> Doc<'a> {
         &self,
         f: impl FnOnce(Option<Vec<u8>>) -> Result<(Option<Vec<u8>>, R)>,
     ) -> Result<R> {
-        if let Some(bus) = self.team.bus() {
+        if let Store::Redis(bus) = self.team.store() {
             return bus.locked_doc(self.key, f);
         }
         let lock_path = self.team.root().join(format!("{}.lock", self.name));

@@ -35,11 +35,10 @@ use serde_json::json;
 
 use super::RedisBus;
 use crate::error::{Error, Result};
-use crate::inbox::{DEFAULT_CAP, DrainPoint};
 use crate::message::Message;
+use crate::store::{DEFAULT_CAP, DrainPoint, Wake};
 use crate::teamdir::{AgentName, TeamDir};
 use crate::transcript::Journal;
-use crate::wait::Wake;
 
 const GROUP: &str = "recipient";
 const CONSUMER: &str = "drainer";
@@ -321,7 +320,12 @@ impl RedisInbox {
         }
         if !bad.is_empty() {
             // In the local `inbox/NAME.corrupt.jsonl`, as the file inbox does.
-            crate::inbox::set_aside(&self.team, &self.name, bad, json!({"bus": "redis"}))?;
+            crate::store::files::aside::set_aside(
+                &self.team,
+                &self.name,
+                bad,
+                json!({"bus": "redis"}),
+            )?;
         }
         journal.append_inbox_messages(parsed)
     }
@@ -384,7 +388,7 @@ impl RedisWaiter {
                     if backoff.is_zero() {
                         tracing::warn!(inbox = %self.inbox.name, "{e}; waiting for the bus");
                     }
-                    backoff = super::outage_backoff(backoff);
+                    backoff = crate::store::outage_backoff(backoff);
                     let pause = remaining.map_or(backoff, |r| r.min(backoff));
                     if ready(extra, pause) {
                         return Ok(Wake::External);
