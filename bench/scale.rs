@@ -58,13 +58,18 @@ pub fn sections(a: &BenchArgs, sizes: &[usize], lead: &Path, scratch: &Path, doc
         if row.get("error").is_none() {
             eprintln!(
                 "scale {n}: spawn calls {} ms, spawn -> all idle {} ms, team stop {} ms \
-                 ({} roster rewrites in the stop; supervisor CPU {} ms to idle, {} ms to stop)",
+                 ({} roster rewrites in the stop; supervisor CPU {} ms to idle, {} ms to stop; \
+                 roster {} bytes, parse {} ms, serialize {} ms, update {} ms)",
                 row["spawn_calls_ms"],
                 row["all_idle_ms"],
                 row["team_stop_ms"],
                 row["team_stop_roster_rewrites"],
                 row["supervisor_cpu_ms_to_idle"],
                 row["supervisor_cpu_ms_in_stop"],
+                row["idle_roster"]["bytes"],
+                row["idle_roster"]["parse_ms"],
+                row["idle_roster"]["serialize_ms"],
+                row["idle_roster"]["update_ms"],
             );
         }
     }
@@ -134,6 +139,7 @@ fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Res
     let cpu_idle = own_cpu_ms(sup_pid);
     // Settled: the idle workers' last writes are done before the stop is timed.
     std::thread::sleep(Duration::from_millis(200));
+    let roster_costs = roster_costs(&team)?;
     let cpu_before = own_cpu_ms(sup_pid);
     let rewrites = RewriteCount::new(team.root());
     let stop = stop_until_exit(&mut sup, sup_pid)?;
@@ -167,6 +173,42 @@ fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Res
         "team_stop_roster_rewrites": stop_rewrites,
         "supervisor_cpu_ms_in_stop": stop.cpu_ms.zip(cpu_before).map(|(a, b)| round3(a - b)),
         "worker_processes_left": left,
+        "idle_roster": roster_costs,
+    }))
+}
+
+/// What one read and one write of the idle team's whole roster cost (medians of 20): each
+/// roster change of anyone reads, parses, serializes and durably replaces all of it.
+fn roster_costs(team: &TeamDir) -> anyhow::Result<Value> {
+    let roster = Roster::new(team);
+    let cfg = roster.load()?;
+    let bytes = std::fs::read(team.config())?;
+    let median = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        let mut v = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            f()?;
+            v.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        v.sort_by(f64::total_cmp);
+        Ok(round3(v[v.len() / 2]))
+    };
+    Ok(json!({
+        "bytes": bytes.len(),
+        "parse_ms": median(&mut || {
+            serde_json::from_slice::<troupe::config::TeamConfig>(&bytes)?;
+            Ok(())
+        })?,
+        "serialize_ms": median(&mut || {
+            serde_json::to_vec_pretty(&cfg)?;
+            Ok(())
+        })?,
+        "update_ms": median(&mut || {
+            Ok(roster.update(|c| {
+                c.members[0].updated_at = Some(fsutil::now());
+                Ok(())
+            })?)
+        })?,
     }))
 }
 
