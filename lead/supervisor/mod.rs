@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::json;
@@ -191,6 +191,10 @@ struct Supervisor {
     view: TeamConfig,
     /// Why config.json cannot be read now, if it cannot.
     config_error: Option<String>,
+    /// The config.json [`Supervisor::view`] was read from: a wake-up that did not replace it
+    /// (an event appended, a lock taken, a request written) costs no read and parse of the
+    /// whole roster.
+    seen: troupe::doc::Seen,
     /// Whether the start-up reconciliation ran (it waits for a readable config.json).
     reconciled: bool,
     /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
@@ -209,6 +213,9 @@ struct Supervisor {
     stop_requests: HashMap<String, String>,
     /// On a bus: the host whose members this supervisor runs (only those).
     host: Option<String>,
+    /// Set by SIGCHLD: a tick looks for exited workers only then, rather than asking each of
+    /// hundreds of running ones on every wake-up.
+    exited: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
@@ -261,11 +268,14 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)?;
     }
     signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, wake_w.try_clone()?)?;
+    let exited = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGCHLD, exited.clone())?;
     let mut sup = Supervisor {
         roster: Roster::new(&team),
         writer: RosterWriter::new(Roster::new(&team)),
         view: TeamConfig::default(),
         config_error: None,
+        seen: troupe::doc::Seen::holding(),
         reconciled: false,
         refused: HashSet::new(),
         requests: RequestStore::new(&team),
@@ -279,6 +289,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         restart_at: HashMap::new(),
         stop_requests: HashMap::new(),
         host: lease.as_ref().map(|l| l.host().to_owned()),
+        exited,
     };
     // Which team and which working dir: from a sub-directory, the dir that holds `.team`.
     tracing::info!(
@@ -300,10 +311,11 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         events::log(&sup.team, "team_budget", json!({"budget_usd": b}));
     }
     let notify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok();
+    let mut root_wd = None;
     if let Some(n) = &notify {
         let flags =
             AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
-        let _ = n.add_watch(sup.team.root(), flags);
+        root_wd = n.add_watch(sup.team.root(), flags).ok();
         let _ = n.add_watch(&sup.team.requests_dir(), flags);
     }
     if let Some(bus) = sup.team.bus() {
@@ -324,6 +336,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     )
     .context("failed to record the supervisor pid")?;
     notifier.ready(&sup.summary());
+    let mut due = true;
     loop {
         if signals.load(Ordering::SeqCst) > 0 {
             break;
@@ -337,8 +350,10 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
                 break;
             }
         }
-        sup.tick()?;
-        notifier.status(&sup.summary());
+        if due {
+            sup.tick()?;
+            notifier.status(&sup.summary());
+        }
         let ping = notifier.watchdog().unwrap_or(Duration::from_secs(1));
         let timeout = sup
             .next_deadline()
@@ -350,17 +365,22 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
             fds.push(PollFd::new(n.as_fd(), PollFlags::POLLIN));
         }
         let ms = timeout.as_millis().clamp(1, 1000) as i32;
-        let _ = poll(
+        let ready = poll(
             &mut fds,
             PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
         );
         drop(fds);
-        drain_pipe(&wake_r);
+        // A tick after a signal (SIGCHLD among them), a change on the bus, a timer, or a
+        // change of the roster or of a request; not after the team dir's other files (an
+        // event appended, a lock file closed, a temporary file made): with hundreds of
+        // workers those come by the thousand, and each tick looks at every member.
+        due = !matches!(ready, Ok(n) if n > 0) | drain_pipe(&wake_r);
         if let Some(n) = &notify {
             while let Ok(evs) = n.read_events() {
                 if evs.is_empty() {
                     break;
                 }
+                due |= evs.iter().any(|e| wakes_supervisor(e, root_wd));
             }
         }
     }
@@ -399,15 +419,29 @@ fn follow_changes(bus: troupe::bus::RedisBus, wake: std::os::unix::net::UnixStre
     });
 }
 
-fn drain_pipe(r: &std::os::unix::net::UnixStream) {
+/// Empties the wake-up pipe; returns whether anything was in it.
+fn drain_pipe(r: &std::os::unix::net::UnixStream) -> bool {
     use std::io::Read;
     let mut buf = [0u8; 64];
     let mut r = r;
+    let mut any = false;
     while let Ok(n) = r.read(&mut buf) {
         if n == 0 {
             break;
         }
+        any = true;
     }
+    any
+}
+
+/// Whether an inotify event of the team dir's watches concerns the supervisor: config.json
+/// (replaced, created, or edited in place) in the root, anything in `requests/`, or a lost
+/// event (the queue overflowed).
+fn wakes_supervisor(e: &nix::sys::inotify::InotifyEvent, root: Option<WatchDescriptor>) -> bool {
+    if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) || Some(e.wd) != root {
+        return true;
+    }
+    e.name.as_deref().is_some_and(|n| n == "config.json")
 }
 
 fn describe(status: &ExitStatus) -> ExitInfo {
@@ -457,11 +491,17 @@ impl Supervisor {
             .retain(|m| m.host.as_deref() == Some(host.as_str()));
     }
 
-    /// Reads config.json into [`Supervisor::view`]. While it does not parse, the view stays
-    /// the last good copy, and each distinct error is logged once (an event and a line).
+    /// Reads config.json into [`Supervisor::view`] if it changed since the last read. While it
+    /// does not parse, the view stays the last good copy, and each distinct error is logged
+    /// once (an event and a line).
     fn refresh(&mut self) {
-        match self.roster.load() {
-            Ok(mut cfg) => {
+        match self.roster.load_if_changed(&mut self.seen) {
+            Ok(None) => {
+                if self.config_error.is_none() && self.writer.is_pending() && self.writer.flush() {
+                    self.refresh();
+                }
+            }
+            Ok(Some(mut cfg)) => {
                 if let Some(was) = self.config_error.take() {
                     tracing::info!("config.json parses again (it did not: {was})");
                     events::log(&self.team, "config_readable", json!({}));
@@ -539,7 +579,10 @@ impl Supervisor {
     }
 
     fn tick(&mut self) -> anyhow::Result<()> {
-        self.reap()?;
+        // Cleared before the look: an exit after it sets the flag again.
+        if self.exited.swap(false, Ordering::SeqCst) {
+            self.reap()?;
+        }
         self.refresh();
         if !self.reconciled && self.config_error.is_none() {
             self.reconcile_at_start();
