@@ -21,6 +21,9 @@
 //! - `worker_startup`: spawn -> idle, idle memory and CPU per worker for the separate `worker`
 //!   binary and the lead's built-in worker, each with `--sandbox off` and `best-effort`
 //!   ([`startup`]). `--team-only` runs just the team sections.
+//! - `scale`: with `--scale 100,300`, alone: spawn calls, spawn -> all idle and the team stop
+//!   (all members running) for each team size in the same run, and their growth from the first
+//!   size to the last against issue 24's bar ([`scale`]).
 //! - `bash_round_trip`: the sandbox's cost on one bash tool call ([`sandbox`]).
 //! - `prompt_cache`: one real worker (the lead's built-in one) runs a 30-step tool loop against
 //!   the caching stub of [`cache_stub`] ([`prompt_cache`]).
@@ -41,6 +44,7 @@ mod redis;
 mod redis_admin;
 mod redis_compare;
 mod sandbox;
+mod scale;
 mod startup;
 mod targets;
 mod team;
@@ -131,6 +135,11 @@ pub struct BenchArgs {
     /// recovery).
     #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only", "redis_compare"])]
     pub team_only: bool,
+    /// Run only the scale sections, for each of these team sizes in turn (such as `100,300`):
+    /// spawn calls, spawn -> all idle and the team stop of a fresh team of that size, and how
+    /// each grew from the first size to the last (issue 24).
+    #[arg(long, value_parser = scale::parse_sizes, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only", "redis_compare", "team_only"])]
+    pub scale: Option<scale::Sizes>,
 }
 
 fn main() -> ExitCode {
@@ -197,6 +206,12 @@ fn run_in(a: &BenchArgs, bus: Option<&str>, scratch: &Path) -> anyhow::Result<Va
         doc["settings"] = json!({"redis_messages_per_writer": a.redis_messages});
         doc["redis_compare"] = section(redis_compare::run(a, scratch, url));
         doc["targets"] = redis_compare::targets(&doc["redis_compare"]);
+        return Ok(doc);
+    }
+    if let Some(scale::Sizes(sizes)) = &a.scale {
+        doc["settings"] = json!({"scale": sizes, "restart_delay": a.restart_delay});
+        scale::sections(a, sizes, &lead::lead_exe()?, scratch, &mut doc);
+        doc["targets"] = json!({"scale": doc["scale"]["ratios"].clone()});
         return Ok(doc);
     }
     if a.team_only {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::doc::Doc;
+use crate::doc::{Doc, Seen};
 use crate::error::{Error, Result};
 use crate::fsutil;
 use crate::llm::Usage;
@@ -377,15 +377,16 @@ impl TeamConfig {
     }
 }
 
-/// `f` applied to a copy of `before`: the roster to write (`None`: `f` changed nothing) and
-/// what `f` returned.
+/// `f` applied to a copy of `before`: the roster after it, whether `f` changed it (whether it
+/// must be written), and what `f` returned.
 fn apply<R>(
     before: TeamConfig,
     f: impl FnOnce(&mut TeamConfig) -> Result<R>,
-) -> Result<(Option<TeamConfig>, R)> {
+) -> Result<(TeamConfig, bool, R)> {
     let mut cfg = before.clone();
     let out = f(&mut cfg)?;
-    Ok(((cfg != before).then_some(cfg), out))
+    let changed = cfg != before;
+    Ok((cfg, changed, out))
 }
 
 /// The roster in `bytes` of `doc` (an empty team when there are none).
@@ -423,14 +424,34 @@ impl Roster {
         parse(&doc, doc.read()?.as_deref())
     }
 
+    /// The roster if it changed since `seen` was last given to this call, `None` if it did
+    /// not (see [`Doc::read_if_changed`]): a reader that keeps its copy parses the roster only
+    /// when someone wrote it. A file that does not parse is an error each time it changes.
+    pub fn load_if_changed(&self, seen: &mut Seen) -> Result<Option<TeamConfig>> {
+        let doc = self.doc();
+        match doc.read_if_changed(seen)? {
+            Some(bytes) => parse(&doc, bytes.as_deref()).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Reads, changes and durably replaces the roster under its lock (`config.lock`). If `f`
     /// fails, nothing is written. Nothing is written either if `f` changed nothing.
     pub fn update<R>(&self, f: impl FnOnce(&mut TeamConfig) -> Result<R>) -> Result<R> {
+        self.update_and_read(f).map(|(_, out)| out)
+    }
+
+    /// [`Roster::update`], returning also the roster as it stands after the change: a writer
+    /// that needs the whole roster next (a worker's budget check) need not read it again.
+    pub fn update_and_read<R>(
+        &self,
+        f: impl FnOnce(&mut TeamConfig) -> Result<R>,
+    ) -> Result<(TeamConfig, R)> {
         let doc = self.doc();
         doc.update(|bytes| {
-            let (next, out) = apply(parse(&doc, bytes.as_deref())?, f)?;
-            let bytes = next.map(|cfg| doc.encode(&cfg)).transpose()?;
-            Ok((bytes, out))
+            let (cfg, changed, out) = apply(parse(&doc, bytes.as_deref())?, f)?;
+            let bytes = changed.then(|| doc.encode(&cfg)).transpose()?;
+            Ok((bytes, (cfg, out)))
         })
     }
 
@@ -495,6 +516,9 @@ pub struct RosterWriter {
     roster: Roster,
     pending: Vec<PendingWrite>,
     last_error: Option<String>,
+    /// With [`RosterWriter::keeping_recent`]: the roster as its latest write left it, and when.
+    recent: Option<(Instant, TeamConfig)>,
+    keep_recent: bool,
 }
 
 impl RosterWriter {
@@ -504,7 +528,37 @@ impl RosterWriter {
             roster,
             pending: Vec::new(),
             last_error: None,
+            recent: None,
+            keep_recent: false,
         }
+    }
+
+    /// A writer that keeps the roster as its latest write left it (see
+    /// [`RosterWriter::recent`]): a worker reads the whole roster right after most of its
+    /// writes (its budget, its settings), and with a team of hundreds, each read is a parse of
+    /// hundreds of records.
+    pub fn keeping_recent(roster: Roster) -> RosterWriter {
+        let mut w = RosterWriter::new(roster);
+        w.keep_recent = true;
+        w
+    }
+
+    /// The roster as this writer's latest write left it, if that write was at most `within`
+    /// ago: as good as a read that long ago. `None` otherwise, and while writes are pending.
+    pub fn recent(&self, within: Duration) -> Option<&TeamConfig> {
+        if self.is_pending() {
+            return None;
+        }
+        self.recent
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() <= within)
+            .map(|(_, cfg)| cfg)
+    }
+
+    /// Drops the roster kept by [`RosterWriter::keeping_recent`] (before a long wait: it
+    /// would be stale by then, and it holds memory).
+    pub fn forget_recent(&mut self) {
+        self.recent = None;
     }
 
     /// Applies `f` after the writes still pending. Returns whether everything is written now;
@@ -550,14 +604,18 @@ impl RosterWriter {
             return true;
         }
         let pending = &self.pending;
-        match self.roster.update(|cfg| {
+        self.recent = None;
+        match self.roster.update_and_read(|cfg| {
             for f in pending {
                 f(cfg);
             }
             Ok(())
         }) {
-            Ok(()) => {
+            Ok((cfg, ())) => {
                 self.pending.clear();
+                if self.keep_recent {
+                    self.recent = Some((Instant::now(), cfg));
+                }
                 if let Some(e) = self.last_error.take() {
                     tracing::info!(
                         "{} is writable again (after: {e}); pending changes written",
@@ -782,6 +840,38 @@ mod tests {
         w.member_later("a", None, |m| m.restarts = 7);
         assert!(w.flush());
         assert_eq!(r.load().unwrap().members[0].restarts, 7);
+    }
+
+    #[test]
+    fn a_writer_keeps_the_roster_it_wrote_only_while_it_is_recent() {
+        let (_t, _team, r) = roster();
+        r.update(|c| {
+            c.members.push(Member::new("a", "r"));
+            c.members.push(Member::new("b", "r"));
+            Ok(())
+        })
+        .unwrap();
+        let week = Duration::from_secs(7 * 86400);
+        let mut plain = RosterWriter::new(r.clone());
+        assert!(plain.member("a", None, |m| m.calls = 1));
+        assert!(plain.recent(week).is_none());
+        let mut w = RosterWriter::keeping_recent(r.clone());
+        assert!(w.recent(week).is_none());
+        assert!(w.member("a", None, |m| m.calls = 2));
+        // The whole roster as written: the other members too.
+        let kept = w.recent(week).unwrap();
+        assert_eq!(kept, &r.load().unwrap());
+        assert_eq!(kept.members[0].calls, 2);
+        assert_eq!(kept.members[1].name, "b");
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(w.recent(Duration::from_millis(1)).is_none());
+        // Deferred changes make what was kept out of date.
+        w.member_later("b", None, |m| m.calls = 3);
+        assert!(w.recent(week).is_none());
+        assert!(w.flush());
+        assert_eq!(w.recent(week).unwrap().members[1].calls, 3);
+        w.forget_recent();
+        assert!(w.recent(week).is_none());
     }
 
     #[test]

@@ -221,7 +221,18 @@ pub fn request_shutdown(
 ) -> Result<Request> {
     let name = AgentName::teammate(name)?;
     let cfg = Roster::new(team).load()?;
-    let m = cfg.require(name.as_str())?;
+    request_shutdown_of(team, cfg.require(name.as_str())?, reason, ttl)
+}
+
+/// [`request_shutdown`] of member `m` as the caller read it from the roster: the supervisor's
+/// team stop asks every member from one read, rather than reading the whole roster for each.
+pub fn request_shutdown_of(
+    team: &TeamDir,
+    m: &Member,
+    reason: &str,
+    ttl: Duration,
+) -> Result<Request> {
+    let name = AgentName::teammate(&m.name)?;
     if !m.status.wants_process() {
         return Err(Error::MemberConflict {
             name: name.to_string(),

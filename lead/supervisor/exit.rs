@@ -44,10 +44,18 @@ impl Supervisor {
                 exited.push((name.clone(), st));
             }
         }
+        if exited.is_empty() {
+            return Ok(());
+        }
+        // One read of the roster for all of them: what their workers wrote before exiting
+        // (a `shutdown` of their own) is in it by now.
+        self.refresh();
         for (name, st) in exited {
             let r = self.running.remove(&name).expect("reaped child is tracked");
             self.handle_exit(&name, r, st);
         }
+        // Their exits in one roster write (a team stop reaps many at once).
+        self.writer.flush();
         Ok(())
     }
 
@@ -149,7 +157,9 @@ impl Supervisor {
         let last = info.clone();
         let why = reason.clone();
         let ended_itself = code == Some(0) || facts.approved_shutdown;
-        self.writer.member(name, None, move |m| {
+        // Written with the other exits of this reap (see `reap`), or at once for an end that
+        // hands back tasks: the hook thread reads the roster to see that the owner ended.
+        self.writer.member_later(name, None, move |m| {
             // A member reactivated by `lead spawn` after its worker recorded its own shutdown
             // and before this reap stays reactivated; the supervisor starts it again.
             let reactivated = status == MemberStatus::Shutdown
@@ -173,6 +183,7 @@ impl Supervisor {
             }
         });
         if matches!(status, MemberStatus::Failed | MemberStatus::Shutdown) {
+            self.writer.flush();
             self.hand_back_tasks(name, status);
         }
         if status == MemberStatus::Failed {

@@ -138,6 +138,10 @@ struct Ran {
     stderr: String,
 }
 
+/// The shortest time between two passes of the hooks thread (see [`Runner::run`]): what a hook
+/// may wait beyond the change that makes it due.
+const PASS_GAP: Duration = Duration::from_millis(50);
+
 impl Runner {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
@@ -153,17 +157,33 @@ impl Runner {
             .map_err(|e| tracing::warn!("hooks: {e}; looking once a second instead"))
             .ok();
         let mut due = true;
+        let mut last_pass: Option<Instant> = None;
         while !self.stopped() {
-            if due && let Err(e) = self.pass() {
-                tracing::warn!("hooks: {e:#}");
+            // Passes at most every PASS_GAP: each reads the whole roster and the board, and
+            // a team of hundreds starting or stopping rewrites the roster hundreds of times a
+            // second. The changes of a gap are looked at together in the next pass.
+            let gap = last_pass.map_or(Duration::ZERO, |t| PASS_GAP.saturating_sub(t.elapsed()));
+            if due && gap.is_zero() {
+                if let Err(e) = self.pass() {
+                    tracing::warn!("hooks: {e:#}");
+                }
+                last_pass = Some(Instant::now());
+                due = false;
             }
             let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
             if let Some(w) = &watch {
                 fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
             }
+            // Still due (within the gap): until the gap is over; otherwise until a change.
+            let timeout = if due {
+                PollTimeout::try_from(gap.as_millis().clamp(1, 1000) as i32)
+                    .unwrap_or(PollTimeout::MAX)
+            } else {
+                PollTimeout::from(1000u16)
+            };
+            let _ = poll(&mut fds, timeout);
             // Without a watch, a look every second.
-            due = watch.is_none();
-            let _ = poll(&mut fds, PollTimeout::from(1000u16));
+            due |= watch.is_none();
             drop(fds);
             if let Some(w) = &watch {
                 due |= w.changed();

@@ -190,6 +190,10 @@ struct Supervisor {
     view: TeamConfig,
     /// Why config.json cannot be read now, if it cannot.
     config_error: Option<String>,
+    /// The config.json [`Supervisor::view`] was read from: a wake-up that did not replace it
+    /// (an event appended, a lock taken, a request written) costs no read and parse of the
+    /// whole roster.
+    seen: troupe::doc::Seen,
     /// Whether the start-up reconciliation ran (it waits for a readable config.json).
     reconciled: bool,
     /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
@@ -208,6 +212,9 @@ struct Supervisor {
     stop_requests: HashMap<String, String>,
     /// On a bus: the host whose members this supervisor runs (only those).
     host: Option<String>,
+    /// Set by SIGCHLD: a tick looks for exited workers only then, rather than asking each of
+    /// hundreds of running ones on every wake-up.
+    exited: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
@@ -253,11 +260,14 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         signal_hook::low_level::pipe::register(sig, wake_w.try_clone()?)?;
     }
     signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, wake_w.try_clone()?)?;
+    let exited = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGCHLD, exited.clone())?;
     let mut sup = Supervisor {
         roster: Roster::new(&team),
         writer: RosterWriter::new(Roster::new(&team)),
         view: TeamConfig::default(),
         config_error: None,
+        seen: troupe::doc::Seen::holding(),
         reconciled: false,
         refused: HashSet::new(),
         requests: RequestStore::new(&team),
@@ -271,6 +281,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         restart_at: HashMap::new(),
         stop_requests: HashMap::new(),
         host: lease.as_ref().map(|l| l.host().to_owned()),
+        exited,
     };
     // Which team and which working dir: from a sub-directory, the dir that holds `.team`.
     tracing::info!(
@@ -317,6 +328,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     // Another supervisor took this host's lease (this one was stalled past it): its writes
     // are refused now, and its workers are replaced.
     let mut lost = false;
+    let mut due = true;
     loop {
         if signals.load(Ordering::SeqCst) > 0 {
             break;
@@ -330,14 +342,16 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
                 break;
             }
         }
-        if let Err(e) = sup.tick() {
-            if troupe::fence::replaced(&sup.team) {
-                lost = true;
-                break;
+        if due {
+            if let Err(e) = sup.tick() {
+                if troupe::fence::replaced(&sup.team) {
+                    lost = true;
+                    break;
+                }
+                return Err(e);
             }
-            return Err(e);
+            notifier.status(&sup.summary());
         }
-        notifier.status(&sup.summary());
         let ping = notifier.watchdog().unwrap_or(Duration::from_secs(1));
         let timeout = sup
             .next_deadline()
@@ -349,14 +363,18 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
             fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
         }
         let ms = timeout.as_millis().clamp(1, 1000) as i32;
-        let _ = poll(
+        let ready = poll(
             &mut fds,
             PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
         );
         drop(fds);
-        drain_pipe(&wake_r);
+        // A tick after a signal (SIGCHLD among them), a timer, or a change of the roster or of
+        // a request (not after the team dir's other files: an event appended, a lock file
+        // closed; with hundreds of workers those come by the thousand, and each tick looks at
+        // every member).
+        due = !matches!(ready, Ok(n) if n > 0) | drain_pipe(&wake_r);
         if let Some(w) = &watch {
-            w.changed();
+            due |= w.changed();
         }
     }
     notifier.stopping();
@@ -391,15 +409,19 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-fn drain_pipe(r: &std::os::unix::net::UnixStream) {
+/// Empties the wake-up pipe; returns whether anything was in it.
+fn drain_pipe(r: &std::os::unix::net::UnixStream) -> bool {
     use std::io::Read;
     let mut buf = [0u8; 64];
     let mut r = r;
+    let mut any = false;
     while let Ok(n) = r.read(&mut buf) {
         if n == 0 {
             break;
         }
+        any = true;
     }
+    any
 }
 
 fn describe(status: &ExitStatus) -> ExitInfo {
@@ -449,11 +471,17 @@ impl Supervisor {
             .retain(|m| m.host.as_deref() == Some(host.as_str()));
     }
 
-    /// Reads config.json into [`Supervisor::view`]. While it does not parse, the view stays
-    /// the last good copy, and each distinct error is logged once (an event and a line).
+    /// Reads config.json into [`Supervisor::view`] if it changed since the last read. While it
+    /// does not parse, the view stays the last good copy, and each distinct error is logged
+    /// once (an event and a line).
     fn refresh(&mut self) {
-        match self.roster.load() {
-            Ok(mut cfg) => {
+        match self.roster.load_if_changed(&mut self.seen) {
+            Ok(None) => {
+                if self.config_error.is_none() && self.writer.is_pending() && self.writer.flush() {
+                    self.refresh();
+                }
+            }
+            Ok(Some(mut cfg)) => {
                 if let Some(was) = self.config_error.take() {
                     tracing::info!("config.json parses again (it did not: {was})");
                     events::log(&self.team, "config_readable", json!({}));
@@ -531,7 +559,10 @@ impl Supervisor {
     }
 
     fn tick(&mut self) -> anyhow::Result<()> {
-        self.reap()?;
+        // Cleared before the look: an exit after it sets the flag again.
+        if self.exited.swap(false, Ordering::SeqCst) {
+            self.reap()?;
+        }
         self.refresh();
         if !self.reconciled && self.config_error.is_none() {
             self.reconcile_at_start();

@@ -1,5 +1,10 @@
 //! Starting workers: every member that should run and has none gets one, unless it waits out a
 //! restart delay or config.json cannot record its new incarnation.
+//!
+//! The members due in one pass start together: one durable roster write bumps all their
+//! incarnations before any of their processes exists (each fences an older process), and one
+//! more records their pids once they are forked. A burst of `lead spawn`s then costs two
+//! roster rewrites a pass, not two a member, each of which rewrites the whole roster.
 
 use super::*;
 
@@ -21,6 +26,7 @@ impl Supervisor {
             .collect();
         // A member no longer wanted (edited by hand, removed) has no restart to wait for.
         self.restart_at.retain(|n, _| wanted.contains(n));
+        let mut due = Vec::new();
         for name in wanted {
             if self.running.contains_key(&name)
                 || self.restart_at.get(&name).is_some_and(|at| *at > now)
@@ -38,35 +44,69 @@ impl Supervisor {
                 }
                 continue;
             }
-            self.start(&name);
+            due.push(name);
         }
+        self.start(&due);
     }
 
-    pub(super) fn start(&mut self, name: &str) {
-        let agent = match AgentName::teammate(name) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!("{e}");
-                return;
-            }
-        };
+    /// Starts a worker for each of `names` (see the module's doc: two roster writes for all).
+    pub(super) fn start(&mut self, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
         // A member with a worktree works there: re-added first if its dir was removed.
-        let (workdir, git_env) = match self.worktree_of(name) {
-            Ok(w) => w,
-            Err(why) => {
-                self.start_failed(name, why);
-                return;
+        let mut ready = Vec::new();
+        for name in names {
+            match self.worktree_of(name) {
+                Ok(w) => ready.push((name.clone(), w)),
+                Err(why) => self.start_failed(name, why),
             }
-        };
-        let incarnation = match self.roster.update_member(name, |m| {
-            m.incarnation += 1;
-            m.activity = Some(Activity::now(ActivityState::Starting));
-            m.incarnation
+        }
+        let bump: Vec<String> = ready.iter().map(|(n, _)| n.clone()).collect();
+        let incarnations = match self.roster.update(|cfg| {
+            let now = fsutil::now();
+            let mut out = HashMap::new();
+            for name in &bump {
+                // Taken off the roster since it was read: nothing to start.
+                let Some(m) = cfg.member_mut(name) else {
+                    continue;
+                };
+                m.incarnation += 1;
+                m.activity = Some(Activity::now(ActivityState::Starting));
+                m.updated_at = Some(now);
+                out.insert(name.clone(), m.incarnation);
+            }
+            Ok(out)
         }) {
             Ok(i) => i,
             Err(e) => {
                 // Logged as a config error by the next refresh, or here for anything else.
-                tracing::warn!("could not start {name}: {e}");
+                tracing::warn!("could not start {}: {e}", bump.join(", "));
+                return;
+            }
+        };
+        for (name, (workdir, git_env)) in ready {
+            if let Some(&incarnation) = incarnations.get(&name) {
+                self.start_one(&name, incarnation, workdir, git_env);
+            }
+        }
+        // The pids, in one write: a kill before it loses nothing (each worker writes its own
+        // pid with its first status, and the next supervisor restarts whoever is gone).
+        self.writer.flush();
+    }
+
+    /// Forks the worker of `name`, whose `incarnation` is recorded already.
+    fn start_one(
+        &mut self,
+        name: &str,
+        incarnation: u64,
+        workdir: std::path::PathBuf,
+        git_env: Vec<(String, String)>,
+    ) {
+        let agent = match AgentName::teammate(name) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("{e}");
                 return;
             }
         };
@@ -122,7 +162,7 @@ impl Supervisor {
         match cmd.spawn() {
             Ok(child) => {
                 let pid = child.id();
-                self.writer.member(name, None, move |m| {
+                self.writer.member_later(name, None, move |m| {
                     if m.incarnation == incarnation {
                         m.pid = Some(pid);
                     }

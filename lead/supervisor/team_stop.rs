@@ -8,9 +8,9 @@ impl Supervisor {
     /// Whether a member that exited 0 during a team stop had shut down for a request of the
     /// lead's rather than the team stop's (a race: it approved just before the stop began).
     /// Such a member stays `shutdown`, not `stopped` (a later `lead run` must not resume it),
-    /// and the team stop's request to it, unanswered, is expired.
+    /// and the team stop's request to it, unanswered, is expired. Reads the view, which `reap`
+    /// refreshed after the exit.
     pub(super) fn shut_down_on_its_own(&mut self, name: &str) -> bool {
-        self.refresh();
         let wrote_shutdown = self
             .view
             .member(name)
@@ -63,19 +63,27 @@ impl Supervisor {
         for (name, r) in self.running.iter_mut() {
             // One that approved a shutdown already is on its way out: asking again would leave
             // a request nobody answers.
-            if cfg
-                .member(name)
-                .is_some_and(|m| m.status == MemberStatus::Shutdown)
-            {
+            let m = cfg.member(name);
+            if m.is_some_and(|m| m.status == MemberStatus::Shutdown) {
                 continue;
             }
             r.stopping = true;
-            match ops::request_shutdown(
-                &self.team,
-                name,
-                "the team is stopping",
-                Duration::from_secs(self.args.stop_timeout),
-            ) {
+            // From the view just read: one read of the roster for the whole team.
+            let asked = match m {
+                Some(m) => ops::request_shutdown_of(
+                    &self.team,
+                    m,
+                    "the team is stopping",
+                    Duration::from_secs(self.args.stop_timeout),
+                ),
+                None => ops::request_shutdown(
+                    &self.team,
+                    name,
+                    "the team is stopping",
+                    Duration::from_secs(self.args.stop_timeout),
+                ),
+            };
+            match asked {
                 Ok(req) => {
                     self.stop_requests.insert(name.clone(), req.request_id);
                 }

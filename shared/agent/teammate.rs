@@ -64,6 +64,13 @@ pub enum Outcome {
     Llm(LlmError),
 }
 
+/// How old the roster this process's own latest write left may be for a look at the whole
+/// roster (the budgets, its settings) to use it instead of reading it again. A budget check
+/// looks at what other members spend meanwhile anyway; a look right after the write that
+/// began an activation, or recorded a call, sees what a read would have seen a few
+/// milliseconds earlier, and one after a longer step (a tool, a wait) reads.
+const RECENT: Duration = Duration::from_millis(50);
+
 /// A running teammate.
 pub struct Teammate {
     s: Settings,
@@ -73,6 +80,9 @@ pub struct Teammate {
     inbox: Inbox,
     /// Writes to this member's record; they wait out an unreadable config.json.
     record: RosterWriter,
+    /// The roster [`Teammate::refresh_settings`] last read: between activations it is read and
+    /// parsed again only if someone replaced it since.
+    settings_seen: crate::doc::Seen,
     requests: RequestStore,
     incarnation: u64,
     role: String,
@@ -146,7 +156,8 @@ impl Teammate {
             provider,
             journal,
             conv,
-            record: RosterWriter::new(roster),
+            record: RosterWriter::keeping_recent(roster),
+            settings_seen: Default::default(),
             requests,
             term,
         };
@@ -158,6 +169,18 @@ impl Teammate {
                 m.sandbox = Some(sandbox.clone())
             });
         Ok(t)
+    }
+
+    /// The whole roster as it is now, for a look at it: as this process's own write left it
+    /// within the last [`RECENT`] (most looks come right after one, and each read of a team of
+    /// hundreds parses hundreds of records), else read. An unreadable roster is an error.
+    fn roster_now(&self) -> Result<std::borrow::Cow<'_, crate::config::TeamConfig>> {
+        match self.record.recent(RECENT) {
+            Some(cfg) => Ok(std::borrow::Cow::Borrowed(cfg)),
+            None => Roster::new(&self.s.team)
+                .load()
+                .map(std::borrow::Cow::Owned),
+        }
     }
 
     /// Notes in the member's record why this process is giving up (shown by `lead status`).
@@ -295,6 +318,7 @@ impl Teammate {
             let retry = self.record.is_pending() || !self.conv.undelivered.is_empty();
             let timeout = retry.then_some(Duration::from_secs(1));
             self.record.flush();
+            self.record.forget_recent();
             match waiter.wait(timeout, &[wake])? {
                 Wake::External => return Ok(Outcome::Terminated),
                 Wake::Message | Wake::Timeout => {}
@@ -307,8 +331,18 @@ impl Teammate {
     /// an activation runs with one system prompt and one model from start to end. An unreadable
     /// roster (a person's edit in progress) keeps them as they were.
     fn refresh_settings(&mut self) {
-        let Ok(cfg) = Roster::new(&self.s.team).load() else {
-            return;
+        let read;
+        let cfg = match self.record.recent(RECENT) {
+            Some(cfg) => cfg,
+            None => {
+                let Ok(Some(cfg)) =
+                    Roster::new(&self.s.team).load_if_changed(&mut self.settings_seen)
+                else {
+                    return;
+                };
+                read = cfg;
+                &read
+            }
         };
         let Some(me) = cfg.member(self.s.name.as_str()) else {
             return;
@@ -424,15 +458,14 @@ impl Teammate {
             // its settings (written before the message was sent). An unreadable roster (a
             // person's edit in progress) leaves the gate as it was.
             MessageType::TaskAssignment => {
-                let cfg = Roster::new(&self.s.team).load();
-                if let Some(me) = cfg
-                    .as_ref()
-                    .ok()
-                    .and_then(|c| c.member(self.s.name.as_str()))
-                {
-                    self.plan_gate = me.require_plan_approval;
-                    self.auto_claim = me.auto_claim;
-                    self.task_at = me.task_at;
+                let settings = self.roster_now().ok().and_then(|c| {
+                    let me = c.member(self.s.name.as_str())?;
+                    Some((me.require_plan_approval, me.auto_claim, me.task_at))
+                });
+                if let Some((gate, auto_claim, task_at)) = settings {
+                    self.plan_gate = gate;
+                    self.auto_claim = auto_claim;
+                    self.task_at = task_at;
                     self.gate_open = self.plan_approved()?;
                 }
             }
@@ -1229,7 +1262,7 @@ impl Teammate {
         let cost = self.s.prices.cost(&model, &usage);
         let incarnation = self.incarnation;
         self.write(move |m| crate::cost::record_call(m, incarnation, &usage, cost));
-        if let Ok(cfg) = Roster::new(&self.s.team).load()
+        if let Ok(cfg) = self.roster_now()
             && crate::cost::team_over_budget(&cfg).is_some()
         {
             crate::cost::wake_team(&self.s.team, &cfg, Some(self.s.name.as_str()));
@@ -1242,7 +1275,7 @@ impl Teammate {
         if !self.record.flush() {
             return None;
         }
-        let cfg = Roster::new(&self.s.team).load().ok()?;
+        let cfg = self.roster_now().ok()?;
         let me = cfg.member(self.s.name.as_str())?;
         crate::cost::over_budget(&cfg, me)
     }

@@ -93,6 +93,66 @@ impl<'a> Doc<'a> {
         }
     }
 
+    /// Its bytes if it changed since `seen` was last given to this call (`Some(None)`: it does
+    /// not exist), or `None` when it is as it was then: what a reader that keeps its own copy
+    /// (the supervisor's view, a worker's settings) needs, without parsing a document that did
+    /// not change. On a bus it is read every time.
+    ///
+    /// A file is read and its bytes compared, by length and hash, with the last ones: reading
+    /// costs far less than parsing. A [`Seen::holding`] reader (one process, the supervisor)
+    /// skips the read too when the file has the same inode, size, and modification and change
+    /// times as the one it read, which it holds open: its inode cannot be freed and reused by a
+    /// later replacement (every writer replaces the file by a new one), so a replacement is
+    /// always seen; an edit in place (a person's editor) is compared by content unless it kept
+    /// the size and times.
+    pub fn read_if_changed(&self, seen: &mut Seen) -> Result<Option<Option<Vec<u8>>>> {
+        if !self.is_file() {
+            return self.read().map(Some);
+        }
+        let path = self.file();
+        let mut f = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let was_missing = seen.last.is_none() && seen.read_once;
+                seen.last = None;
+                seen.read_once = true;
+                return Ok((!was_missing).then_some(None));
+            }
+            Err(e) => return Err(crate::Error::io("open", &path)(e)),
+        };
+        let meta = f
+            .metadata()
+            .map_err(crate::Error::io("read the metadata of", &path))?;
+        let stamp = Stamp::of(&meta);
+        if seen.hold
+            && let Some(last) = &seen.last
+            && last.file.is_some()
+            && last.stamp == stamp
+        {
+            return Ok(None);
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        std::io::Read::read_to_end(&mut f, &mut bytes).map_err(crate::Error::io("read", &path))?;
+        let digest = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            h.finish()
+        };
+        let same = seen
+            .last
+            .as_ref()
+            .is_some_and(|l| l.len == bytes.len() && l.digest == digest);
+        seen.read_once = true;
+        seen.last = Some(LastRead {
+            file: seen.hold.then_some(f),
+            stamp,
+            len: bytes.len(),
+            digest,
+        });
+        Ok((!same).then_some(Some(bytes)))
+    }
+
     /// Reads it under its lock, lets `f` decide its next bytes (`None`: no change, nothing
     /// written) and writes them durably before the lock goes.
     pub fn update<R>(
@@ -110,6 +170,55 @@ impl<'a> Doc<'a> {
             fsutil::atomic_write(&self.file(), &bytes)?;
         }
         Ok(out)
+    }
+}
+
+/// What [`Doc::read_if_changed`] last read of a document in a file. Empty before the first
+/// read, on a bus, and while the file is missing.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Whether the file read is held open, to skip reading it again while it is the same.
+    hold: bool,
+    read_once: bool,
+    last: Option<LastRead>,
+}
+
+impl Seen {
+    /// A reader that holds the file it read open (see [`Doc::read_if_changed`]): for one
+    /// process that looks often, not for one per member (each would keep a replaced roster
+    /// on disk).
+    pub fn holding() -> Seen {
+        Seen {
+            hold: true,
+            ..Seen::default()
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LastRead {
+    file: Option<std::fs::File>,
+    stamp: Stamp,
+    len: usize,
+    digest: u64,
+}
+
+/// A file's inode, size, and modification and change times (seconds and nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp([i64; 7]);
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp([
+            m.dev() as i64,
+            m.ino() as i64,
+            m.size() as i64,
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        ])
     }
 }
 
@@ -134,5 +243,45 @@ mod tests {
         doc.update(|before| Ok((None, before))).unwrap();
         assert_eq!(std::os::unix::fs::MetadataExt::ino(&modified()), ino);
         assert!(doc.place().ends_with("notes.json"));
+    }
+
+    #[test]
+    fn a_reader_rereads_only_what_changed() {
+        for mut seen in [Seen::default(), Seen::holding()] {
+            rereads_only_what_changed(&mut seen);
+        }
+    }
+
+    fn rereads_only_what_changed(seen: &mut Seen) {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let doc = Doc::new(&team, "notes");
+        assert_eq!(doc.read_if_changed(seen).unwrap(), Some(None));
+        assert_eq!(doc.read_if_changed(seen).unwrap(), None);
+        let write = |b: &'static [u8]| doc.update(|_| Ok((Some(b.to_vec()), ()))).unwrap();
+        write(b"one");
+        assert_eq!(
+            doc.read_if_changed(seen).unwrap(),
+            Some(Some(b"one".to_vec()))
+        );
+        assert_eq!(doc.read_if_changed(seen).unwrap(), None);
+        // Every replacement is seen, even one of the same size within the same clock tick;
+        // one with the same bytes changes nothing.
+        for b in [&b"two"[..], b"owt", b"two"] {
+            write(b);
+            assert_eq!(doc.read_if_changed(seen).unwrap(), Some(Some(b.to_vec())));
+            assert_eq!(doc.read_if_changed(seen).unwrap(), None);
+        }
+        write(b"two");
+        assert_eq!(doc.read_if_changed(seen).unwrap(), None);
+        // An edit in place that changes the size is seen too.
+        std::fs::write(tmp.path().join(".team/notes.json"), b"longer").unwrap();
+        assert_eq!(
+            doc.read_if_changed(seen).unwrap(),
+            Some(Some(b"longer".to_vec()))
+        );
+        std::fs::remove_file(tmp.path().join(".team/notes.json")).unwrap();
+        assert_eq!(doc.read_if_changed(seen).unwrap(), Some(None));
+        assert_eq!(doc.read_if_changed(seen).unwrap(), None);
     }
 }

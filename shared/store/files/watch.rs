@@ -53,6 +53,10 @@ impl FileWatch {
                 break;
             }
             changed |= evs.iter().any(|e| {
+                // Events were lost (the queue overflowed): anything may have changed.
+                if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    return true;
+                }
                 let name = e.name.as_deref().and_then(|n| n.to_str()).unwrap_or("");
                 if Some(e.wd) == self.root {
                     name == "config.json"
