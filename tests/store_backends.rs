@@ -1,0 +1,205 @@
+//! Issue 24, the seam: one contract of the team's shared state, run on both backends of the
+//! store, the team dir's files and a Redis bus, through the same calls (the callers never ask
+//! which it is): racing deciders of one request (one wins), racing roster writers (none lost),
+//! racing keyed task creations (one creates), the event log read from any position, a named
+//! lock that excludes, and a change watch that wakes on the roster and the board and not on
+//! the event log.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use support::redis_server::RedisServer;
+use troupe::config::{Member, Roster};
+use troupe::requests::{NewRequest, RequestKind, RequestStore};
+use troupe::store::Watched;
+use troupe::tasks::{NewTask, TaskStore};
+use troupe::{Error, TeamDir};
+
+/// The contract; `open` gives a new handle on the same team (each racer its own, as separate
+/// processes would have).
+fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
+    let team = open();
+    // One decision of a request, whoever races for it.
+    let req = RequestStore::new(&team)
+        .create(NewRequest {
+            kind: RequestKind::PlanApproval,
+            from: "alice".into(),
+            to: "lead".into(),
+            payload: serde_json::json!({"plan": "p"}),
+            target_incarnation: None,
+            ttl: None,
+        })
+        .unwrap();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let t = open();
+                let id = req.request_id.clone();
+                s.spawn(move || {
+                    RequestStore::new(&t).resolve(&id, "lead", i % 2 == 0, serde_json::json!({}))
+                })
+            })
+            .collect();
+        racers.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    for r in results.iter().filter(|r| r.is_err()) {
+        assert!(matches!(r, Err(Error::AlreadyResolved { .. })), "{r:?}");
+    }
+    // Roster writers racing: every change lands.
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let t = open();
+            s.spawn(move || {
+                Roster::new(&t)
+                    .update(|c| {
+                        c.members.push(Member::new(&format!("m{i}"), "r"));
+                        Ok(())
+                    })
+                    .unwrap()
+            });
+        }
+    });
+    let mut names: Vec<String> = Roster::new(&team)
+        .load()
+        .unwrap()
+        .members
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, (0..8).map(|i| format!("m{i}")).collect::<Vec<_>>());
+    // A team file's task, created by eight at once: once.
+    let created: Vec<bool> = std::thread::scope(|s| {
+        let racers: Vec<_> = (0..8)
+            .map(|_| {
+                let t = open();
+                s.spawn(move || {
+                    TaskStore::new(&t)
+                        .create_keyed("build", task("build it"))
+                        .unwrap()
+                        .1
+                })
+            })
+            .collect();
+        racers.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(created.iter().filter(|c| **c).count(), 1, "{created:?}");
+    // The event log, in order, from any position.
+    for i in 0..3 {
+        troupe::events::try_log(&team, "probe", serde_json::json!({"i": i})).unwrap();
+    }
+    let (all, pos) = troupe::events::read_from(&team, 0).unwrap();
+    let probes: Vec<_> = all.iter().filter(|e| e["event"] == "probe").collect();
+    assert_eq!(probes.len(), 3);
+    assert_eq!(probes[2]["i"], 2);
+    troupe::events::try_log(&team, "later", serde_json::json!({})).unwrap();
+    let (next, _) = troupe::events::read_from(&team, pos).unwrap();
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0]["event"], "later");
+    // A named lock: never two holders at once.
+    let inside = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            let t = open();
+            let (inside, most) = (&inside, &most);
+            s.spawn(move || {
+                let path = t.root().join("probe.lock");
+                let file = troupe::fsutil::open_lock(&path).unwrap();
+                for _ in 0..5 {
+                    let _held = t.store().lock("probe", &file, &path).unwrap();
+                    let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(n, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(2));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+    // The change watch: an event logged wakes nobody; a roster change and a task do.
+    let watch = team
+        .store()
+        .watch(&[Watched::Roster, Watched::Tasks])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    watch.changed();
+    troupe::events::try_log(&team, "quiet", serde_json::json!({})).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!watch.changed(), "an event woke the watch");
+    Roster::new(&team)
+        .update(|c| {
+            c.members.push(Member::new("late", "r"));
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        seen_within(&watch, Duration::from_secs(5)),
+        "the roster change"
+    );
+    TaskStore::new(&team).create(task("one more")).unwrap();
+    assert!(seen_within(&watch, Duration::from_secs(5)), "the new task");
+}
+
+fn task(subject: &str) -> NewTask {
+    NewTask {
+        subject: subject.into(),
+        description: String::new(),
+        blocked_by: Vec::new(),
+        owner: None,
+        created_by: "lead".into(),
+    }
+}
+
+fn seen_within(watch: &troupe::store::watch::Watch, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if watch.changed() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn the_contract_holds_on_the_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Arc::new(tmp.path().join(".team"));
+    TeamDir::create(&*root).unwrap();
+    let open = {
+        let root = root.clone();
+        move || TeamDir::create(&*root).unwrap().with_bus(None)
+    };
+    shared_state_contract(&open);
+}
+
+#[test]
+fn the_contract_holds_on_a_redis_bus() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join(".team");
+    let (url, password) = (server.url("contract"), server.password.clone());
+    let open = move || {
+        TeamDir::create(&root).unwrap().with_bus(Some(
+            troupe::store::redis::RedisBus::with_password(&url, &password).unwrap(),
+        ))
+    };
+    shared_state_contract(&open);
+    // And nothing of it is in the team dir.
+    let team = TeamDir::create(tmp.path().join(".team"))
+        .unwrap()
+        .with_bus(None);
+    assert!(!team.config().exists());
+    assert!(!team.events().exists());
+}
