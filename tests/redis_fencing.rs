@@ -90,7 +90,7 @@ fn a_stalled_supervisor_and_its_workers_are_fenced_off_by_the_successor() {
 
     // Messages before the stall, then A stalls and B starts; messages all along.
     let mut sent: Vec<(String, String, Instant)> = Vec::new();
-    let mut send_some = |sent: &mut Vec<(String, String, Instant)>, k: usize| {
+    let send_some = |sent: &mut Vec<(String, String, Instant)>, k: usize| {
         for _ in 0..k {
             let n = names[sent.len() % names.len()];
             let text = format!("note {}", sent.len());
