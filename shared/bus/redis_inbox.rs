@@ -725,3 +725,45 @@ pub(super) fn first_id(v: &Value) -> Option<String> {
 pub(super) fn last_stream_id(v: &Value) -> Option<String> {
     stream_entries(v).last().map(|(id, _)| (*id).to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_read_gives_each_entry_its_line_and_offset() {
+        let entry = |id: &str, fields: &[&str]| {
+            Value::Array(vec![
+                bulk(id),
+                Value::Array(fields.iter().map(|f| bulk(f)).collect()),
+            ])
+        };
+        // As a script returns XREADGROUP: [[key, [entries]]].
+        let reply = Value::Array(vec![Value::Array(vec![
+            bulk("troupe:{t}:inbox:alice"),
+            Value::Array(vec![
+                entry("9-5", &["m", "{}", "o", "120"]),
+                entry("10-0", &["m", "x"]),
+                entry("10-1", &[]),
+            ]),
+        ])]);
+        let got = stream_fields(&reply);
+        let ids: Vec<&str> = got.iter().map(|e| e.id).collect();
+        let lines: Vec<Option<&[u8]>> = got.iter().map(|e| e.line).collect();
+        let offsets: Vec<Option<u64>> = got.iter().map(|e| e.offset).collect();
+        assert_eq!(ids, ["9-5", "10-0", "10-1"]);
+        assert_eq!(lines, [Some(&b"{}"[..]), Some(&b"x"[..]), None]);
+        assert_eq!(offsets, [Some(120), None, None]);
+    }
+
+    #[test]
+    fn stream_ids_order_by_time_then_sequence() {
+        assert!(id_order("10-0") > id_order("9-5"));
+        assert!(id_order("10-2") > id_order("10-1"));
+        assert_eq!(id_order("7-3"), (7, 3));
+    }
+}
