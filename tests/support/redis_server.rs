@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 /// other than 0). The documents, locks, id sets and leases: GET, MGET, SET, DEL, EXISTS, SADD,
 /// SMEMBERS, SISMEMBER, and PEXPIRE (a lock taken again by its holder, on a retry). The
 /// inboxes, events and change feed (streams): XADD, XRANGE, XREVRANGE, XREAD, XREADGROUP,
-/// XGROUP CREATE, XACK, XDEL, XLEN, XINFO STREAM, and INCRBY/DECRBY of an inbox's byte count.
+/// XGROUP CREATE, XACK, XDEL, XLEN and XINFO STREAM.
 /// The Lua scripts: EVALSHA, and SCRIPT LOAD when the server has lost its script cache (the
 /// commands a script calls are checked one by one).
 pub const TROUPE_ACL: &str = "resetkeys ~troupe:* resetchannels -@all +auth +select \
     +get +mget +set +del +exists +pexpire +sadd +smembers +sismember \
     +xadd +xrange +xrevrange +xread +xreadgroup +xgroup|create +xack +xdel +xlen +xinfo|stream \
-    +incrby +decrby +evalsha +script|load";
+    +evalsha +script|load";
 
 pub struct RedisServer {
     child: Child,

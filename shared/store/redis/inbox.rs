@@ -3,26 +3,36 @@
 //! never drops), on a server several machines share.
 //!
 //! - **Keys**: the stream `troupe:{TEAM}:inbox:NAME`, one entry per message (field `m`, the
-//!   message's JSON line), read through the consumer group `recipient` by the consumer
-//!   `drainer`; `troupe:{TEAM}:inbox:NAME:bytes` counts the bytes of the entries not consumed
-//!   yet, against the cap.
-//! - **Append**: one Lua script checks the count against the cap, adds the entry and counts it,
-//!   atomically. A refused message is not written. No `MAXLEN`: a stream is never trimmed.
+//!   message's JSON line; field `o`, the bytes appended to the inbox up to and with this entry),
+//!   read through the consumer group `recipient` by the consumer `drainer`;
+//!   `troupe:{TEAM}:inbox:NAME:consumed` holds the `o` of the last entry consumed.
+//! - **Append**: one Lua script reads the last entry's `o` and the consumed offset (reads: not
+//!   in the AOF), refuses if their difference (the bytes not consumed yet, exactly) and the line
+//!   pass the cap, else adds the entry: one write per message. A refused message is not
+//!   written. No `MAXLEN`: a stream is never trimmed. (An entry without `o`, written by hand or
+//!   by an older troupe, counts for nothing against the cap.)
 //! - **Drain**: reads first the entries delivered to the drainer but never acknowledged (a
-//!   drain cut short by a crash), then new ones (`XREADGROUP`); sets bad entries aside; records
-//!   the new messages in the consumer's journal (fsynced; ids it holds already are skipped);
-//!   then one Lua script acknowledges, deletes and uncounts them (uncounting only what it
-//!   deleted, so a script run twice after a lost reply counts nothing twice). The read and the
+//!   drain cut short by a crash; only on the first drain of a process, after a failed one, and
+//!   after a read whose reply was lost), then new ones (`XREADGROUP`; the read script makes the
+//!   group when the server says there is none, so a drain is one read when nothing was left
+//!   pending); sets bad entries aside; records the new messages in the consumer's journal
+//!   (fsynced; ids it holds already are skipped); then one Lua script acknowledges and deletes
+//!   the batch (one `XACK`, one `XDEL`) and raises the consumed offset to the batch's last `o`
+//!   (a maximum: a script run twice after a lost reply changes nothing more). Every entry up to
+//!   the batch's last is consumed then, since the group delivers in order to its one consumer.
+//!   The read and the
 //!   mark are scripts fenced by the consumer's epoch ([`super::Fence`]): a worker whose member
 //!   a newer incarnation runs (a successor on another host) is refused both, and a batch it
 //!   read just before the successor began is taken out of its journal again when the mark is
 //!   refused, so it is consumed once, by the successor. Crash points
 //!   ([`crate::inbox::DrainPoint`]): killed after the read, the entries stay pending and the
-//!   next drain reads them again; killed after the journal, the same, and the journal skips
-//!   them by id; the script is all or nothing.
-//! - **Wait**: a blocking `XREAD` from the stream's last id (taken before looking at its
-//!   length, so an entry added in between wakes it at once), in slices of at most 50 ms so that
-//!   the caller's own descriptors (a signal pipe) are looked at too.
+//!   next drain (a new process's first) reads them again; killed after the journal, the same,
+//!   and the journal skips them by id; the script is all or nothing.
+//! - **Wait**: a blocking `XREAD` after the last id this process's drain read (an entry after it
+//!   is not consumed yet, so it wakes the read at once); before a first drain, or after a
+//!   failed one, from the stream's last id, taken before looking at its length (an entry added
+//!   in between has a later id). In slices of at most 50 ms so that the caller's own descriptors
+//!   (a signal pipe) are looked at too.
 //!
 //! Connections come from the bus's pool and go back to it; one that failed is dropped.
 
@@ -47,41 +57,78 @@ const BATCH: usize = 10_000;
 /// The longest a blocking read lasts before the caller's descriptors are looked at.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
-/// KEYS: fence, stream, byte count. ARGV: fence value, line, its length, cap. Refuses with
-/// `FULL <bytes>`.
+/// KEYS: fence, stream, consumed offset. ARGV: fence value, line, its length, cap. The bytes
+/// not consumed are the last entry's `o` less the consumed offset. Refuses with `FULL <bytes>`.
 const APPEND: &str = super::fenced_script!(
     r"
-local used = tonumber(redis.call('GET', KEYS[3]) or '0')
-if used + tonumber(ARGV[3]) > tonumber(ARGV[4]) then
-  return redis.error_reply('FULL ' .. used)
+local done = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+local top = done
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+if last then
+  local f = last[2]
+  for i = 1, #f, 2 do
+    if f[i] == 'o' then top = tonumber(f[i + 1]) or done end
+  end
 end
-redis.call('XADD', KEYS[2], '*', 'm', ARGV[2])
-return redis.call('INCRBY', KEYS[3], ARGV[3])
+if top < done then top = done end
+local used = top - done
+local len = tonumber(ARGV[3])
+if used + len > tonumber(ARGV[4]) then
+  return redis.error_reply('FULL ' .. string.format('%d', used))
+end
+redis.call('XADD', KEYS[2], '*', 'm', ARGV[2], 'o', string.format('%d', top + len))
+return used + len
 "
 );
 
 /// KEYS: fence, stream. ARGV: fence value, group, consumer, count, start ('0' or '>'). The
-/// consumer's read, refused to a replaced incarnation.
+/// consumer's read, refused to a replaced incarnation; makes the group (and the stream) when
+/// there is none (a new inbox, a server that lost its data).
 const READ: &str = super::fenced_script!(
     r"
-return redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[2], ARGV[5])
+local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[2], ARGV[5])
+if type(r) == 'table' and r.err then
+  if not string.find(r.err, '^NOGROUP') then
+    return r
+  end
+  redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0', 'MKSTREAM')
+  return redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[2], ARGV[5])
+end
+return r
 "
 );
 
-/// KEYS: fence, stream, byte count. ARGV: fence value, group, then (entry id, its length)
-/// pairs. Acknowledges and deletes each entry and uncounts what it deleted: run again (a reply
-/// lost with the connection), it changes nothing more. Refused to a replaced incarnation.
+/// KEYS: fence, stream, consumed offset. ARGV: fence value, group, the batch's last `o` (0:
+/// none), then the entry ids. Acknowledges and deletes the entries (in slices: Lua's `unpack`
+/// is limited) and raises the consumed offset: run again (a reply lost with the connection),
+/// it changes nothing more. Refused to a replaced incarnation.
 const MARK: &str = super::fenced_script!(
     r"
-for i = 3, #ARGV, 2 do
-  redis.call('XACK', KEYS[2], ARGV[2], ARGV[i])
-  if redis.call('XDEL', KEYS[2], ARGV[i]) == 1 then
-    redis.call('DECRBY', KEYS[3], ARGV[i + 1])
-  end
+for i = 4, #ARGV, 1000 do
+  local j = math.min(i + 999, #ARGV)
+  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, i, j))
+  redis.call('XDEL', KEYS[2], unpack(ARGV, i, j))
+end
+if tonumber(ARGV[3]) > (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) then
+  redis.call('SET', KEYS[3], ARGV[3])
 end
 return 0
 "
 );
+
+/// What a drain leaves for the next one and for the waiter, shared by an inbox and its
+/// waiters.
+#[derive(Debug)]
+struct DrainState {
+    /// The entries pending to the drainer must be read ("0") before new ones: true in a new
+    /// process (its predecessor may have died between a read and its mark), after a failed
+    /// drain, and after a read retried on a new connection (the first one's reply, with its
+    /// entries, may have been lost).
+    reread: bool,
+    /// The last entry id a drain of this process read: every later entry is not consumed yet,
+    /// so the waiter reads from there without asking the stream's length.
+    last_read: Option<String>,
+}
 
 /// An inbox on a Redis bus.
 pub struct RedisInbox {
@@ -89,8 +136,10 @@ pub struct RedisInbox {
     team: TeamDir,
     name: AgentName,
     stream: String,
-    bytes: String,
+    /// The key of the consumed offset.
+    consumed: String,
     cap: u64,
+    state: std::sync::Arc<std::sync::Mutex<DrainState>>,
     append: redis::Script,
     read: redis::Script,
     mark: redis::Script,
@@ -115,9 +164,13 @@ impl RedisInbox {
             bus: bus.clone(),
             team: team.clone(),
             name: name.clone(),
-            bytes: format!("{stream}:bytes"),
+            consumed: format!("{stream}:consumed"),
             stream,
             cap: DEFAULT_CAP,
+            state: std::sync::Arc::new(std::sync::Mutex::new(DrainState {
+                reread: true,
+                last_read: None,
+            })),
             append: redis::Script::new(APPEND),
             read: redis::Script::new(READ),
             mark: redis::Script::new(MARK),
@@ -141,6 +194,10 @@ impl RedisInbox {
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         self.bus.with_conn(what, f)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, DrainState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Creates the stream and its group if they do not exist.
@@ -177,7 +234,7 @@ impl RedisInbox {
                 .append
                 .key(&fence)
                 .key(&self.stream)
-                .key(&self.bytes)
+                .key(&self.consumed)
                 .arg(&fence_value)
                 .arg(line)
                 .arg(len)
@@ -199,14 +256,26 @@ impl RedisInbox {
         })
     }
 
-    /// Bytes not consumed yet.
+    /// Bytes not consumed yet: the last entry's `o` less the consumed offset.
     pub fn len(&self) -> Result<u64> {
-        self.with_conn("read inbox size", |c| {
-            redis::cmd("GET")
-                .arg(&self.bytes)
-                .query::<Option<u64>>(c)
-                .map(|v| v.unwrap_or(0))
-        })
+        let (last, done): (Value, Option<u64>) = self.with_conn("read inbox size", |c| {
+            redis::pipe()
+                .cmd("XREVRANGE")
+                .arg(&self.stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .cmd("GET")
+                .arg(&self.consumed)
+                .query(c)
+        })?;
+        let done = done.unwrap_or(0);
+        let top = range_fields(&last)
+            .first()
+            .and_then(|e| e.offset)
+            .unwrap_or(done);
+        Ok(top.saturating_sub(done))
     }
 
     /// Whether no entry waits (consumed entries are deleted).
@@ -243,41 +312,62 @@ impl RedisInbox {
         journal: &mut Journal,
         mut at: impl FnMut(DrainPoint, &[Message]),
     ) -> Result<Vec<Message>> {
-        self.ensure_group()?;
+        let r = self.drain_batches(journal, &mut at);
+        if r.is_err() {
+            // Whatever this drain read and did not mark stays pending: the next one reads it,
+            // and the waiter looks at the stream's length until then.
+            let mut s = self.state();
+            s.reread = true;
+            s.last_read = None;
+        }
+        r
+    }
+
+    fn drain_batches(
+        &self,
+        journal: &mut Journal,
+        at: &mut impl FnMut(DrainPoint, &[Message]),
+    ) -> Result<Vec<Message>> {
         let (fence, fence_value) = self.bus.fence_args();
         let mut fresh = Vec::new();
-        // "0": what was delivered to the drainer and never acknowledged; ">": new entries.
-        for start in ["0", ">"] {
-            loop {
-                let v: Value = self.with_conn("drain", |c| {
-                    self.read
-                        .key(&fence)
-                        .key(&self.stream)
-                        .arg(&fence_value)
-                        .arg(GROUP)
-                        .arg(CONSUMER)
-                        .arg(BATCH)
-                        .arg(start)
-                        .invoke(c)
-                })?;
-                let batch = stream_entries(&v);
-                if batch.is_empty() {
-                    break;
-                }
+        loop {
+            // "0": what was delivered to the drainer and never acknowledged; ">": new entries.
+            let start = if self.state().reread { "0" } else { ">" };
+            let mut tries = 0;
+            let v: Value = self.with_conn("drain", |c| {
+                tries += 1;
+                self.read
+                    .key(&fence)
+                    .key(&self.stream)
+                    .arg(&fence_value)
+                    .arg(GROUP)
+                    .arg(CONSUMER)
+                    .arg(BATCH)
+                    .arg(start)
+                    .invoke(c)
+            })?;
+            if tries > 1 && start == ">" {
+                // The first read may have run with its reply lost: its entries are pending.
+                self.state().reread = true;
+            }
+            let batch = stream_fields(&v);
+            let n = batch.len();
+            if n > 0 {
                 at(DrainPoint::Read, &fresh);
-                let n = batch.len();
                 let before = journal.end()?;
                 let kept = fresh.len();
                 fresh.extend(self.consume(&batch, journal)?);
                 at(DrainPoint::Journaled, &fresh);
+                let upto = batch.iter().filter_map(|e| e.offset).max().unwrap_or(0);
                 let marked = self.with_conn("mark consumed", |c| {
                     let mut call = self.mark.key(&fence);
                     call.key(&self.stream)
-                        .key(&self.bytes)
+                        .key(&self.consumed)
                         .arg(&fence_value)
-                        .arg(GROUP);
-                    for (id, line) in &batch {
-                        call.arg(*id).arg(line.map_or(0, <[u8]>::len));
+                        .arg(GROUP)
+                        .arg(upto);
+                    for e in &batch {
+                        call.arg(e.id);
                     }
                     call.invoke::<i64>(c)
                 });
@@ -290,7 +380,21 @@ impl RedisInbox {
                 }
                 marked?;
                 at(DrainPoint::Marked, &fresh);
-                if n < BATCH {
+                let mut s = self.state();
+                let last = batch.iter().map(|e| e.id).max_by_key(|id| id_order(id));
+                if let Some(last) = last
+                    && s.last_read
+                        .as_deref()
+                        .is_none_or(|l| id_order(l) < id_order(last))
+                {
+                    s.last_read = Some(last.to_owned());
+                }
+            }
+            if n < BATCH {
+                let mut s = self.state();
+                if start == "0" {
+                    s.reread = false;
+                } else if !s.reread {
                     break;
                 }
             }
@@ -299,16 +403,12 @@ impl RedisInbox {
     }
 
     /// Parses a batch, sets bad entries aside and journals the new messages; returns them.
-    fn consume(
-        &self,
-        batch: &[(&str, Option<&[u8]>)],
-        journal: &mut Journal,
-    ) -> Result<Vec<Message>> {
+    fn consume(&self, batch: &[Entry<'_>], journal: &mut Journal) -> Result<Vec<Message>> {
         let mut parsed: Vec<(&[u8], Message)> = Vec::with_capacity(batch.len());
         let mut bad = Vec::new();
-        for (id, line) in batch {
+        for Entry { id, line, .. } in batch {
             // An entry without its field was deleted under a pending read: nothing to deliver.
-            let Some(line) = line else { continue };
+            let Some(line) = *line else { continue };
             match Message::parse_line(line) {
                 Ok(m) => parsed.push((line, m)),
                 Err(why) => bad.push(json!({
@@ -330,12 +430,12 @@ impl RedisInbox {
         journal.append_inbox_messages(parsed)
     }
 
-    /// Removes the inbox's keys (its stream, group and count): for throwaway inboxes.
+    /// Removes the inbox's keys (its stream, group and consumed offset): for throwaway inboxes.
     pub fn destroy(&self) -> Result<()> {
         self.with_conn("remove inbox", |c| {
             redis::cmd("DEL")
                 .arg(&self.stream)
-                .arg(&self.bytes)
+                .arg(&self.consumed)
                 .query::<()>(c)
         })
     }
@@ -344,7 +444,11 @@ impl RedisInbox {
     pub fn waiter(&self) -> Result<RedisWaiter> {
         self.ensure_group()?;
         Ok(RedisWaiter {
-            inbox: RedisInbox::new(&self.bus, &self.team, &self.name),
+            inbox: RedisInbox {
+                state: self.state.clone(),
+                ..RedisInbox::new(&self.bus, &self.team, &self.name)
+            },
+            seen: None,
         })
     }
 }
@@ -352,7 +456,11 @@ impl RedisInbox {
 /// Blocks until a Redis inbox holds an entry (see the module docs).
 #[derive(Debug)]
 pub struct RedisWaiter {
+    /// The inbox, sharing its drain state with the one it was made from.
     inbox: RedisInbox,
+    /// The stream's last id when this waiter last found it empty (before a first drain of the
+    /// process): later slices of the same wait read from there without asking again.
+    seen: Option<String>,
 }
 
 impl RedisWaiter {
@@ -385,6 +493,7 @@ impl RedisWaiter {
                     }
                 }
                 Err(e) => {
+                    self.seen = None;
                     if backoff.is_zero() {
                         tracing::warn!(inbox = %self.inbox.name, "{e}; waiting for the bus");
                     }
@@ -400,10 +509,45 @@ impl RedisWaiter {
     }
 
     /// Whether an entry is there, or arrives within `slice`.
-    fn look(&self, slice: Duration) -> Result<bool> {
+    fn look(&mut self, slice: Duration) -> Result<bool> {
+        let drained = {
+            let s = self.inbox.state();
+            if s.reread { None } else { s.last_read.clone() }
+        };
+        let from = match drained.or_else(|| self.seen.clone()) {
+            Some(id) => id,
+            None => match self.last_if_empty()? {
+                Some(id) => {
+                    self.seen = Some(id.clone());
+                    id
+                }
+                None => return Ok(true),
+            },
+        };
+        let ib = &self.inbox;
+        let got: Value = ib.with_conn("wait", |c| {
+            redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(slice.as_millis().max(1) as u64)
+                .arg("STREAMS")
+                .arg(&ib.stream)
+                .arg(&from)
+                .query(c)
+        })?;
+        let woken = !matches!(got, Value::Nil) && !stream_entries(&got).is_empty();
+        if woken {
+            self.seen = None;
+        }
+        Ok(woken)
+    }
+
+    /// The stream's last id if it holds no entry; `None` if it holds one.
+    fn last_if_empty(&self) -> Result<Option<String>> {
         let ib = &self.inbox;
         // The last id first, then the length: an entry added after the first has a later id
-        // and wakes the read below at once.
+        // and wakes the read from it at once.
         let (info, len): (Value, u64) = ib.with_conn("wait", |c| {
             redis::pipe()
                 .cmd("XINFO")
@@ -414,21 +558,11 @@ impl RedisWaiter {
                 .query(c)
         })?;
         if len > 0 {
-            return Ok(true);
+            return Ok(None);
         }
-        let last = last_generated_id(&info).unwrap_or_else(|| "0-0".to_owned());
-        let got: Value = ib.with_conn("wait", |c| {
-            redis::cmd("XREAD")
-                .arg("COUNT")
-                .arg(1)
-                .arg("BLOCK")
-                .arg(slice.as_millis().max(1) as u64)
-                .arg("STREAMS")
-                .arg(&ib.stream)
-                .arg(&last)
-                .query(c)
-        })?;
-        Ok(!matches!(got, Value::Nil) && !stream_entries(&got).is_empty())
+        Ok(Some(
+            last_generated_id(&info).unwrap_or_else(|| "0-0".to_owned()),
+        ))
     }
 }
 
@@ -496,6 +630,71 @@ fn entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
     range_entries(v, "m")
 }
 
+/// An inbox entry as read: its id, its line (field `m`) and its offset (field `o`); an entry
+/// deleted while pending comes back with neither.
+struct Entry<'v> {
+    id: &'v str,
+    line: Option<&'v [u8]>,
+    offset: Option<u64>,
+}
+
+/// The entries of an `XREADGROUP` reply for one stream, with their fields.
+fn stream_fields(v: &Value) -> Vec<Entry<'_>> {
+    // RESP2 (as scripts return it): [[key, [entries]]]; RESP3: {key: [entries]}.
+    match v {
+        Value::Array(streams) => streams
+            .iter()
+            .filter_map(|s| match s {
+                Value::Array(kv) => kv.get(1),
+                _ => None,
+            })
+            .flat_map(range_fields)
+            .collect(),
+        Value::Map(m) => m.iter().flat_map(|(_, e)| range_fields(e)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The entries of an `XRANGE`/`XREVRANGE` reply (`[[id, [field, value, ...]], ...]`).
+fn range_fields(v: &Value) -> Vec<Entry<'_>> {
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|e| {
+            let Value::Array(pair) = e else { return None };
+            let id = text(pair.first()?)?;
+            let fields: &[Value] = match pair.get(1) {
+                Some(Value::Array(f)) => f,
+                _ => &[],
+            };
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|f| f.first().and_then(text) == Some(name))
+                    .and_then(|f| match f.get(1) {
+                        Some(Value::BulkString(b)) => Some(&b[..]),
+                        _ => None,
+                    })
+            };
+            Some(Entry {
+                id,
+                line: field("m"),
+                offset: field("o")
+                    .and_then(|o| std::str::from_utf8(o).ok())
+                    .and_then(|o| o.parse().ok()),
+            })
+        })
+        .collect()
+}
+
+/// A stream id `MS-SEQ` as a pair that orders as the stream does.
+fn id_order(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
 /// `[[id, [field, value, ...]], ...]` as `(id, value of field)`.
 pub(super) fn range_entries<'v>(v: &'v Value, field: &str) -> Vec<(&'v str, Option<&'v [u8]>)> {
     let Value::Array(items) = v else {
@@ -529,4 +728,46 @@ pub(super) fn first_id(v: &Value) -> Option<String> {
 /// The id of the last entry of an `XREAD` reply.
 pub(super) fn last_stream_id(v: &Value) -> Option<String> {
     stream_entries(v).last().map(|(id, _)| (*id).to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_read_gives_each_entry_its_line_and_offset() {
+        let entry = |id: &str, fields: &[&str]| {
+            Value::Array(vec![
+                bulk(id),
+                Value::Array(fields.iter().map(|f| bulk(f)).collect()),
+            ])
+        };
+        // As a script returns XREADGROUP: [[key, [entries]]].
+        let reply = Value::Array(vec![Value::Array(vec![
+            bulk("troupe:{t}:inbox:alice"),
+            Value::Array(vec![
+                entry("9-5", &["m", "{}", "o", "120"]),
+                entry("10-0", &["m", "x"]),
+                entry("10-1", &[]),
+            ]),
+        ])]);
+        let got = stream_fields(&reply);
+        let ids: Vec<&str> = got.iter().map(|e| e.id).collect();
+        let lines: Vec<Option<&[u8]>> = got.iter().map(|e| e.line).collect();
+        let offsets: Vec<Option<u64>> = got.iter().map(|e| e.offset).collect();
+        assert_eq!(ids, ["9-5", "10-0", "10-1"]);
+        assert_eq!(lines, [Some(&b"{}"[..]), Some(&b"x"[..]), None]);
+        assert_eq!(offsets, [Some(120), None, None]);
+    }
+
+    #[test]
+    fn stream_ids_order_by_time_then_sequence() {
+        assert!(id_order("10-0") > id_order("9-5"));
+        assert!(id_order("10-2") > id_order("10-1"));
+        assert_eq!(id_order("7-3"), (7, 3));
+    }
 }
