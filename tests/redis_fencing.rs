@@ -235,7 +235,7 @@ fn a_replaced_incarnation_is_refused_between_its_read_and_its_mark() {
     sender.append(&first, Durability::Sync).unwrap();
     let (mut old_journal, _) = support::drain::open_journal(&old, &m);
     let got = Inbox::new(&old, &m).drain(&mut old_journal).unwrap();
-    assert_eq!(got, [first.clone()]);
+    assert_eq!(got, vec![first.clone()]);
     let second = Message::new(MessageType::Message, "lead", "m", "second");
     sender.append(&second, Durability::Sync).unwrap();
     let e = Inbox::new(&old, &m)
@@ -256,12 +256,12 @@ fn a_replaced_incarnation_is_refused_between_its_read_and_its_mark() {
     drop(old_journal);
     assert_eq!(
         ids(&old),
-        [first.id.clone()],
+        vec![first.id.clone()],
         "the refused batch left the journal"
     );
     let (mut new_journal, _) = support::drain::open_journal(&new, &m);
     let got = Inbox::new(&new, &m).drain(&mut new_journal).unwrap();
-    assert_eq!(got, [second.clone()]);
+    assert_eq!(got, vec![second.clone()]);
     let (mut old_journal, _) = support::drain::open_journal(&old, &m);
     let third = Message::new(MessageType::Message, "lead", "m", "third");
     sender.append(&third, Durability::Sync).unwrap();
