@@ -607,9 +607,9 @@ fn text(v: &Value) -> Option<&str> {
     }
 }
 
-/// The entries of an `XREAD`/`XREADGROUP` reply for one stream: `(id, field m)`.
-fn stream_entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
-    // RESP2: [[key, [entries]]]; RESP3: {key: [entries]}.
+/// The entries of an `XREAD`/`XREADGROUP` reply for one stream, as `(id, fields)`.
+fn stream_items(v: &Value) -> Vec<(&str, &[Value])> {
+    // RESP2 (as scripts return it too): [[key, [entries]]]; RESP3: {key: [entries]}.
     match v {
         Value::Array(streams) => streams
             .iter()
@@ -617,11 +617,50 @@ fn stream_entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
                 Value::Array(kv) => kv.get(1),
                 _ => None,
             })
-            .flat_map(entries)
+            .flat_map(range_items)
             .collect(),
-        Value::Map(m) => m.iter().flat_map(|(_, e)| entries(e)).collect(),
+        Value::Map(m) => m.iter().flat_map(|(_, e)| range_items(e)).collect(),
         _ => Vec::new(),
     }
+}
+
+/// The entries of an `XRANGE`/`XREVRANGE` reply, `[[id, [field, value, ...]], ...]`, as
+/// `(id, [field, value, ...])`; an entry deleted while pending comes back with no fields.
+fn range_items(v: &Value) -> Vec<(&str, &[Value])> {
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|e| {
+            let Value::Array(pair) = e else { return None };
+            let id = text(pair.first()?)?;
+            let fields: &[Value] = match pair.get(1) {
+                Some(Value::Array(f)) => f,
+                _ => &[],
+            };
+            Some((id, fields))
+        })
+        .collect()
+}
+
+/// The value of field `name` among an entry's `[field, value, ...]`.
+fn field<'v>(fields: &'v [Value], name: &str) -> Option<&'v [u8]> {
+    fields
+        .chunks(2)
+        .find(|f| f.first().and_then(text) == Some(name))
+        .and_then(|f| match f.get(1) {
+            Some(Value::BulkString(b)) => Some(&b[..]),
+            _ => None,
+        })
+}
+
+/// The entries of an `XREAD`/`XREADGROUP` reply for one stream: `(id, field m)`.
+fn stream_entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
+    stream_items(v)
+        .into_iter()
+        .map(|(id, f)| (id, field(f, "m")))
+        .collect()
 }
 
 /// `[[id, [field, value, ...]], ...]` as `(id, value of m)`; an entry deleted while pending
@@ -638,55 +677,26 @@ struct Entry<'v> {
     offset: Option<u64>,
 }
 
-/// The entries of an `XREADGROUP` reply for one stream, with their fields.
-fn stream_fields(v: &Value) -> Vec<Entry<'_>> {
-    // RESP2 (as scripts return it): [[key, [entries]]]; RESP3: {key: [entries]}.
-    match v {
-        Value::Array(streams) => streams
-            .iter()
-            .filter_map(|s| match s {
-                Value::Array(kv) => kv.get(1),
-                _ => None,
-            })
-            .flat_map(range_fields)
-            .collect(),
-        Value::Map(m) => m.iter().flat_map(|(_, e)| range_fields(e)).collect(),
-        _ => Vec::new(),
+impl<'v> Entry<'v> {
+    fn of((id, fields): (&'v str, &'v [Value])) -> Entry<'v> {
+        Entry {
+            id,
+            line: field(fields, "m"),
+            offset: field(fields, "o")
+                .and_then(|o| std::str::from_utf8(o).ok())
+                .and_then(|o| o.parse().ok()),
+        }
     }
 }
 
-/// The entries of an `XRANGE`/`XREVRANGE` reply (`[[id, [field, value, ...]], ...]`).
+/// The entries of an `XREADGROUP` reply for one stream, with their fields.
+fn stream_fields(v: &Value) -> Vec<Entry<'_>> {
+    stream_items(v).into_iter().map(Entry::of).collect()
+}
+
+/// The entries of an `XRANGE`/`XREVRANGE` reply, with their fields.
 fn range_fields(v: &Value) -> Vec<Entry<'_>> {
-    let Value::Array(items) = v else {
-        return Vec::new();
-    };
-    items
-        .iter()
-        .filter_map(|e| {
-            let Value::Array(pair) = e else { return None };
-            let id = text(pair.first()?)?;
-            let fields: &[Value] = match pair.get(1) {
-                Some(Value::Array(f)) => f,
-                _ => &[],
-            };
-            let field = |name: &str| {
-                fields
-                    .chunks(2)
-                    .find(|f| f.first().and_then(text) == Some(name))
-                    .and_then(|f| match f.get(1) {
-                        Some(Value::BulkString(b)) => Some(&b[..]),
-                        _ => None,
-                    })
-            };
-            Some(Entry {
-                id,
-                line: field("m"),
-                offset: field("o")
-                    .and_then(|o| std::str::from_utf8(o).ok())
-                    .and_then(|o| o.parse().ok()),
-            })
-        })
-        .collect()
+    range_items(v).into_iter().map(Entry::of).collect()
 }
 
 /// A stream id `MS-SEQ` as a pair that orders as the stream does.
@@ -696,27 +706,10 @@ fn id_order(id: &str) -> (u64, u64) {
 }
 
 /// `[[id, [field, value, ...]], ...]` as `(id, value of field)`.
-pub(super) fn range_entries<'v>(v: &'v Value, field: &str) -> Vec<(&'v str, Option<&'v [u8]>)> {
-    let Value::Array(items) = v else {
-        return Vec::new();
-    };
-    items
-        .iter()
-        .filter_map(|e| {
-            let Value::Array(pair) = e else { return None };
-            let id = text(pair.first()?)?;
-            let line = match pair.get(1) {
-                Some(Value::Array(fields)) => fields
-                    .chunks(2)
-                    .find(|f| f.first().and_then(text) == Some(field))
-                    .and_then(|f| match f.get(1) {
-                        Some(Value::BulkString(b)) => Some(&b[..]),
-                        _ => None,
-                    }),
-                _ => None,
-            };
-            Some((id, line))
-        })
+pub(super) fn range_entries<'v>(v: &'v Value, name: &str) -> Vec<(&'v str, Option<&'v [u8]>)> {
+    range_items(v)
+        .into_iter()
+        .map(|(id, f)| (id, field(f, name)))
         .collect()
 }
 
