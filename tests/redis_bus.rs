@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use support::child::{self, Rng};
 use support::drain;
 use support::redis_server::RedisServer;
-use troupe::config::{Member, Roster};
 use troupe::message::{Message, MessageType};
 use troupe::store::redis::{PASSWORD_ENV, RedisBus, RedisInbox};
 use troupe::wait::Wake;
@@ -459,101 +458,6 @@ fn a_waiter_rides_out_a_server_restart() {
     assert!(took < Duration::from_secs(10), "{took:?}");
     let mut journal = drain::open_journal(&team, &alice()).0;
     assert_eq!(inbox.drain(&mut journal).unwrap().len(), 1);
-}
-
-/// Requests, tasks, the roster and events live on the bus too: of eight deciders racing to
-/// answer one request (each its own connections, as separate processes would have), exactly
-/// one wins and the others are told what it decided; roster updates racing from eight threads
-/// all land (none overwrites another); events read back in order; and nothing of it is in the
-/// team dir.
-#[test]
-fn requests_roster_and_events_live_on_the_bus() {
-    use troupe::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let (_t, team, bus) = setup(&server, "state");
-    let on_bus = team.clone().with_bus(Some(bus.clone()));
-    let store = RequestStore::new(&on_bus);
-    let req = store
-        .create(NewRequest {
-            kind: RequestKind::PlanApproval,
-            from: "alice".into(),
-            to: "lead".into(),
-            payload: serde_json::json!({"plan": "p"}),
-            target_incarnation: None,
-            ttl: None,
-        })
-        .unwrap();
-    let racers: Vec<_> = (0..8)
-        .map(|i| {
-            let t = team.clone().with_bus(Some(
-                RedisBus::with_password(&server.url("state"), &server.password).unwrap(),
-            ));
-            let id = req.request_id.clone();
-            std::thread::spawn(move || {
-                RequestStore::new(&t).resolve(&id, "lead", i % 2 == 0, serde_json::json!({}))
-            })
-        })
-        .collect();
-    let results: Vec<_> = racers.into_iter().map(|h| h.join().unwrap()).collect();
-    let won: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
-    assert_eq!(won.len(), 1, "{results:?}");
-    for r in results.iter().filter(|r| r.is_err()) {
-        assert!(matches!(r, Err(Error::AlreadyResolved { .. })), "{r:?}");
-    }
-    let decided = store.get(&req.request_id).unwrap();
-    assert_eq!(Some(&decided), won[0].as_ref().ok());
-    assert_ne!(decided.status, RequestStatus::Pending);
-    assert_eq!(store.list(None).unwrap(), vec![decided]);
-    assert!(matches!(
-        store.resolve("0badf00d", "lead", true, serde_json::json!({})),
-        Err(Error::UnknownRequest(_))
-    ));
-    // Roster: eight threads add a member each, racing.
-    let adders: Vec<_> = (0..8)
-        .map(|i| {
-            let t = on_bus.clone();
-            std::thread::spawn(move || {
-                Roster::new(&t)
-                    .update(|c| {
-                        c.members.push(Member::new(&format!("m{i}"), "r"));
-                        Ok(())
-                    })
-                    .unwrap()
-            })
-        })
-        .collect();
-    for h in adders {
-        h.join().unwrap();
-    }
-    let mut names: Vec<String> = Roster::new(&on_bus)
-        .load()
-        .unwrap()
-        .members
-        .into_iter()
-        .map(|m| m.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, (0..8).map(|i| format!("m{i}")).collect::<Vec<_>>());
-    // Events, in order, from any position.
-    for i in 0..3 {
-        troupe::events::try_log(&on_bus, "probe", serde_json::json!({"i": i})).unwrap();
-    }
-    let all = troupe::events::read_all(&on_bus).unwrap();
-    let probes: Vec<_> = all.iter().filter(|e| e["event"] == "probe").collect();
-    assert_eq!(probes.len(), 3);
-    assert_eq!(probes[2]["i"], 2);
-    let (first, pos) = troupe::events::read_from(&on_bus, 0).unwrap();
-    assert_eq!(first.len(), all.len());
-    troupe::events::try_log(&on_bus, "later", serde_json::json!({})).unwrap();
-    let (next, _) = troupe::events::read_from(&on_bus, pos).unwrap();
-    assert_eq!(next.len(), 1, "{next:?}");
-    assert_eq!(next[0]["event"], "later");
-    // None of it is in the team dir.
-    assert!(!team.config().exists());
-    assert!(std::fs::read_dir(team.requests_dir()).map_or(true, |mut d| d.next().is_none()));
-    assert!(!team.events().exists());
 }
 
 /// A worker whose drain meets a server outage (here: the server killed while the worker waits

@@ -3,7 +3,7 @@
 //! which it is): racing deciders of one request (one wins), racing roster writers (none lost),
 //! racing keyed task creations (one creates), the event log read from any position, a named
 //! lock that excludes, and a change watch that wakes on the roster and the board and not on
-//! the event log.
+//! the event log. On the bus, none of it is in the team dir.
 
 mod support;
 
@@ -53,6 +53,16 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
     for r in results.iter().filter(|r| r.is_err()) {
         assert!(matches!(r, Err(Error::AlreadyResolved { .. })), "{r:?}");
     }
+    let won = results.iter().find_map(|r| r.as_ref().ok()).unwrap();
+    let requests = RequestStore::new(&team);
+    let decided = requests.get(&req.request_id).unwrap();
+    assert_eq!(&decided, won);
+    assert_ne!(decided.status, troupe::requests::RequestStatus::Pending);
+    assert_eq!(requests.list(None).unwrap(), vec![decided]);
+    assert!(matches!(
+        requests.resolve("0badf00d", "lead", true, serde_json::json!({})),
+        Err(Error::UnknownRequest(_))
+    ));
     // Roster writers racing: every change lands.
     std::thread::scope(|s| {
         for i in 0..8 {
@@ -201,5 +211,6 @@ fn the_contract_holds_on_a_redis_bus() {
         .unwrap()
         .with_bus(None);
     assert!(!team.config().exists());
+    assert!(std::fs::read_dir(team.requests_dir()).map_or(true, |mut d| d.next().is_none()));
     assert!(!team.events().exists());
 }
