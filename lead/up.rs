@@ -585,9 +585,7 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     }
     let team = TeamDir::create(team_dir)?;
     // One `lead up` at a time: on a bus, across hosts too.
-    let lock_path = team.up_lock();
-    let lock = troupe::fsutil::open_lock(&lock_path)?;
-    let _held = team.store().lock("up", &lock, &lock_path)?;
+    let _held = team.store().lock("up", &team.up_lock())?;
     // Under the lock, against what is there now (another `lead up` may have gone first).
     let (cfg, tasks, running) = state(team_dir)?;
     let changes = diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;

@@ -182,6 +182,16 @@ pub struct HeldLock {
 }
 
 impl HeldLock {
+    /// Takes the lock at `path`, waiting for another holder to let it go.
+    pub fn acquire(path: &Path) -> Result<HeldLock> {
+        let file = open_lock(path)?;
+        retry_eintr(|| file.lock()).map_err(Error::io("lock", path))?;
+        Ok(HeldLock {
+            _file: file,
+            path: path.to_owned(),
+        })
+    }
+
     /// Tries to take the lock at `path`; `Ok(None)` if another process holds it.
     pub fn try_acquire(path: &Path) -> Result<Option<HeldLock>> {
         let file = open_lock(path)?;

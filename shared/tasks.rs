@@ -169,10 +169,10 @@ impl TaskStore {
     /// creation happen under the board's key lock (`tasks/keys.lock`), so of two processes
     /// applying the same file at once exactly one creates it.
     pub fn create_keyed(&self, key: &str, new: NewTask) -> Result<(Task, bool)> {
-        let lock_path = self.team.task_keys_lock();
-        fsutil::create_dir(&self.team.tasks_dir())?;
-        let file = fsutil::open_lock(&lock_path)?;
-        let _held = self.team.store().lock("tasks:keys", &file, &lock_path)?;
+        let _held = self
+            .team
+            .store()
+            .lock("tasks:keys", &self.team.task_keys_lock())?;
         if let Some(t) = self.by_key(key)? {
             return Ok((t, false));
         }

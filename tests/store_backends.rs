@@ -123,9 +123,8 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
             let (inside, most) = (&inside, &most);
             s.spawn(move || {
                 let path = t.root().join("probe.lock");
-                let file = troupe::fsutil::open_lock(&path).unwrap();
                 for _ in 0..5 {
-                    let _held = t.store().lock("probe", &file, &path).unwrap();
+                    let _held = t.store().lock("probe", &path).unwrap();
                     let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(n, Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(2));

@@ -148,7 +148,7 @@ pub enum Wake {
 /// A lock taken through [`Store::lock`], released when dropped.
 pub enum StoreLock<'a> {
     /// An flock of a sidecar file.
-    File(#[allow(dead_code, reason = "held for its drop")] crate::fsutil::LockGuard<'a>),
+    File(#[allow(dead_code, reason = "held for its drop")] crate::fsutil::HeldLock),
     /// A lock key on the bus.
     Redis(#[allow(dead_code, reason = "held for its drop")] redis::BusLock<'a>),
 }
@@ -171,18 +171,17 @@ impl<'a> Store<'a> {
         matches!(self, Store::Files(_))
     }
 
-    /// Takes the lock `name`: the flock of `file` (opened by the caller, its path
-    /// `file_path`), or the bus's lock `name` for every host.
-    pub fn lock(
-        &self,
-        name: &str,
-        file: &'a std::fs::File,
-        file_path: &Path,
-    ) -> Result<StoreLock<'a>> {
+    /// Takes the lock `name`, waiting for its holder: in a team dir the flock of the sidecar
+    /// file `file` (its directory made if missing), on a bus the bus's lock `name` for every
+    /// host.
+    pub fn lock(&self, name: &str, file: &Path) -> Result<StoreLock<'a>> {
         match self {
-            Store::Files(_) => Ok(StoreLock::File(crate::fsutil::lock_exclusive(
-                file, file_path,
-            )?)),
+            Store::Files(_) => {
+                if let Some(dir) = file.parent() {
+                    crate::fsutil::create_dir(dir)?;
+                }
+                Ok(StoreLock::File(crate::fsutil::HeldLock::acquire(file)?))
+            }
             Store::Redis(bus) => Ok(StoreLock::Redis(bus.lock(name)?)),
         }
     }
