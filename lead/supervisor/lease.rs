@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use troupe::store::HostLease;
+use troupe::store::redis::lease::keep_renewing;
 
 /// How often the lease is renewed (well inside [`troupe::store::HOST_LEASE`]).
 const RENEW_EVERY: Duration = Duration::from_millis(500);
@@ -68,47 +69,27 @@ impl LeaseKeeper {
 }
 
 fn keep(lease: HostLease, flags: &Flags, mut wake: std::os::unix::net::UnixStream) -> HostLease {
-    let mut failing: Option<String> = None;
-    while !flags.done.load(Ordering::SeqCst) {
-        match lease.renew() {
-            Ok(false) => {
-                tracing::error!(
-                    host = lease.host(),
-                    "another supervisor took this host's lease (this one was stalled past it); \
-                     stopping this host's members"
-                );
-                flags.lost.store(true, Ordering::SeqCst);
+    let lost = keep_renewing(
+        || lease.renew(),
+        &flags.done,
+        RENEW_EVERY,
+        "the members carry on",
+        || {
+            if !flags.stop.load(Ordering::SeqCst) && lease.stop_requested().unwrap_or(false) {
+                tracing::info!(host = lease.host(), "`lead stop` asked this host to stop");
+                flags.stop.store(true, Ordering::SeqCst);
                 let _ = wake.write(&[0]);
-                return lease;
             }
-            Ok(true) => {
-                if let Some(e) = failing.take() {
-                    tracing::info!("the bus answers again (it did not: {e})");
-                }
-                if !flags.stop.load(Ordering::SeqCst) && lease.stop_requested().unwrap_or(false) {
-                    tracing::info!(host = lease.host(), "`lead stop` asked this host to stop");
-                    flags.stop.store(true, Ordering::SeqCst);
-                    let _ = wake.write(&[0]);
-                }
-            }
-            Err(e) => {
-                let text = e.to_string();
-                if failing.as_deref() != Some(text.as_str()) {
-                    tracing::warn!(
-                        "{text}; the members carry on, and the lease is renewed once the bus \
-                         answers"
-                    );
-                    failing = Some(text);
-                }
-            }
-        }
-        // Short steps, so a release is not held up.
-        for _ in 0..(RENEW_EVERY.as_millis() / 50) {
-            if flags.done.load(Ordering::SeqCst) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        },
+    );
+    if lost {
+        tracing::error!(
+            host = lease.host(),
+            "another supervisor took this host's lease (this one was stalled past it); \
+             stopping this host's members"
+        );
+        flags.lost.store(true, Ordering::SeqCst);
+        let _ = wake.write(&[0]);
     }
     lease
 }

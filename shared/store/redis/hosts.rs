@@ -91,10 +91,7 @@ impl HostLease {
             format!("the supervisor of host {host}"),
         )?;
         bus.set_fence(lease.fence());
-        let stop = bus.key(&format!("stop:{host}"));
-        bus.with_conn("clear a stop", |c| {
-            redis::cmd("DEL").arg(&stop).query::<()>(c)
-        })?;
+        clear_stop(bus, host)?;
         Ok(HostLease {
             lease,
             host: host.to_owned(),
@@ -104,11 +101,6 @@ impl HostLease {
     /// The host.
     pub fn host(&self) -> &str {
         &self.host
-    }
-
-    /// The lease's epoch.
-    pub fn epoch(&self) -> u64 {
-        self.lease.epoch()
     }
 
     /// Renews the lease: `Ok(false)` when another supervisor took it (lost for good).
@@ -128,14 +120,18 @@ impl HostLease {
     /// Lets the lease go (at a clean exit), and the stop that asked for it.
     pub fn release(self) {
         self.lease.release();
-        let bus = self.lease.bus();
-        let stop = bus.key(&format!("stop:{}", self.host));
-        if let Err(e) = bus.with_conn("clear a stop", |c| {
-            redis::cmd("DEL").arg(&stop).query::<()>(c)
-        }) {
+        if let Err(e) = clear_stop(self.lease.bus(), &self.host) {
             tracing::warn!("{e}");
         }
     }
+}
+
+/// Removes the stop `lead stop` left for `host` (its supervisor starts, or ends).
+fn clear_stop(bus: &RedisBus, host: &str) -> Result<()> {
+    let stop = bus.key(&format!("stop:{host}"));
+    bus.with_conn("clear a stop", |c| {
+        redis::cmd("DEL").arg(&stop).query::<()>(c)
+    })
 }
 
 /// The hosts whose supervisor holds its lease now, sorted.

@@ -177,6 +177,48 @@ impl Lease {
     }
 }
 
+/// Renews a lease with `renew` every `every` (in 50 ms steps, so that `done` is seen at once)
+/// until `done` is set or the lease is lost; `renewed` runs after each renewal. A bus that does
+/// not answer is logged once per distinct error (`meanwhile`: what holds until it answers again)
+/// and tried again. Returns whether the lease was lost.
+pub fn keep_renewing(
+    renew: impl Fn() -> Result<bool>,
+    done: &std::sync::atomic::AtomicBool,
+    every: Duration,
+    meanwhile: &str,
+    mut renewed: impl FnMut(),
+) -> bool {
+    use std::sync::atomic::Ordering;
+    let mut failing: Option<String> = None;
+    while !done.load(Ordering::SeqCst) {
+        match renew() {
+            Ok(false) => return true,
+            Ok(true) => {
+                if let Some(e) = failing.take() {
+                    tracing::info!("the bus answers again (it did not: {e})");
+                }
+                renewed();
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if failing.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(
+                        "{text}; {meanwhile}, and the lease is renewed once the bus answers"
+                    );
+                    failing = Some(text);
+                }
+            }
+        }
+        for _ in 0..(every.as_millis() / 50) {
+            if done.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    false
+}
+
 /// How long the lease of the lead's inbox outlives its last renewal.
 pub const CONSUMER_LEASE: Duration = Duration::from_secs(5);
 
@@ -209,25 +251,18 @@ impl ConsumerLease {
         let renewer = std::thread::Builder::new()
             .name("consumer-lease".into())
             .spawn(move || {
-                use std::sync::atomic::Ordering;
-                while !d.load(Ordering::SeqCst) {
-                    match l.renew() {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::error!(
-                                "another consumer took the lead's inbox (this one was stalled \
-                                 past its lease); this process's writes are refused from now on"
-                            );
-                            return;
-                        }
-                        Err(e) => tracing::warn!("{e}; the lease is renewed once the bus answers"),
-                    }
-                    for _ in 0..20 {
-                        if d.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
+                let lost = keep_renewing(
+                    || l.renew(),
+                    &d,
+                    Duration::from_secs(1),
+                    "this process's writes stay fenced by it",
+                    || {},
+                );
+                if lost {
+                    tracing::error!(
+                        "another consumer took the lead's inbox (this one was stalled past its \
+                         lease); this process's writes are refused from now on"
+                    );
                 }
             })
             .map_err(Error::io("spawn a thread", "consumer-lease"))?;
