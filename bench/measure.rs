@@ -92,12 +92,26 @@ pub fn pss_kib(pid: u32) -> Option<u64> {
 
 /// CPU time (user + system) process `pid` used so far, with that of its children it reaped.
 pub fn cpu_ms(pid: u32) -> Option<f64> {
+    // utime, stime, cutime, cstime.
+    stat_cpu_ms(pid, 11..15)
+}
+
+/// CPU time (user + system) process `pid` used so far, without that of the children it reaped
+/// (a supervisor's own, not its workers').
+pub fn own_cpu_ms(pid: u32) -> Option<f64> {
+    // utime, stime.
+    stat_cpu_ms(pid, 11..13)
+}
+
+/// The sum of the clock-tick fields `fields` of `/proc/PID/stat` (counted after the command
+/// name: utime, field 14, is the 12th), in ms.
+fn stat_cpu_ms(pid: u32, fields: std::ops::Range<usize>) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces) in parentheses: state is field 3.
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = f
-        .get(11..15)?
+        .get(fields)?
         .iter()
         .filter_map(|x| x.parse::<u64>().ok())
         .sum();

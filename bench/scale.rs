@@ -15,7 +15,7 @@ use troupe::config::{MemberStatus, Roster};
 use troupe::{TeamDir, fsutil};
 
 use crate::lead::{self, Supervisor};
-use crate::measure::{ms, round3};
+use crate::measure::{ms, own_cpu_ms, round3};
 use crate::team;
 use crate::watch::{RewriteCount, RootWatch};
 use crate::{BenchArgs, section};
@@ -231,7 +231,7 @@ fn stop_until_exit(sup: &mut Supervisor, pid: u32) -> anyhow::Result<Stopped> {
     let deadline = t0 + Duration::from_secs(120);
     let mut cpu = None;
     while Instant::now() < deadline {
-        if zombie(pid) {
+        if !troupe::liveness::pid_alive(pid) {
             break;
         }
         cpu = own_cpu_ms(pid).or(cpu);
@@ -244,32 +244,6 @@ fn stop_until_exit(sup: &mut Supervisor, pid: u32) -> anyhow::Result<Stopped> {
     Ok(Stopped {
         elapsed,
         cpu_ms: cpu,
-    })
-}
-
-/// CPU time (user + system) process `pid` used so far, without that of the children it reaped
-/// (the supervisor's own, not its workers').
-fn own_cpu_ms(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime: fields 14 and 15, the 12th and 13th after the command name.
-    let ticks: u64 = f
-        .get(11..13)?
-        .iter()
-        .filter_map(|x| x.parse::<u64>().ok())
-        .sum();
-    // SAFETY: sysconf only reads a configuration value.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some(ticks as f64 * 1000.0 / hz)
-}
-
-/// Whether process `pid` has exited and waits to be reaped (or is gone).
-fn zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-        s.rfind(')')
-            .and_then(|i| s[i + 1..].split_whitespace().next().map(|st| st == "Z"))
-            .unwrap_or(true)
     })
 }
 
