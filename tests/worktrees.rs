@@ -410,8 +410,11 @@ fn a_restart_reuses_the_worktree_and_re_adds_a_removed_dir() {
         lead_stderr(&team)
     );
     assert!(wt.join("README").exists());
+    // The shell creates hook_cwd before pwd writes it: wait for the whole line.
     let ran_in = wait_until(T, "cat's teammate_idle hook", || {
-        std::fs::read_to_string(&hook_cwd).ok()
+        std::fs::read_to_string(&hook_cwd)
+            .ok()
+            .filter(|s| s.ends_with('\n'))
     });
     assert_eq!(
         PathBuf::from(ran_in.trim()),
