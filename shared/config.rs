@@ -246,6 +246,10 @@ pub struct Member {
     /// The sandbox its commands run in, as its process found it at start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<crate::sandbox::Status>,
+    /// Grows by one with every write of its record (`members/NAME.json` in a team dir): a
+    /// view entry in config.json at the record's rev that differs from it is a person's edit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rev: u64,
     /// Fields written by other versions, kept as they were.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -282,6 +286,7 @@ impl Member {
             worktree: None,
             host: None,
             sandbox: None,
+            rev: 0,
             extra: Map::new(),
         }
     }
@@ -396,11 +401,39 @@ fn parse(doc: &Doc<'_>, bytes: Option<&[u8]>) -> Result<TeamConfig> {
     })
 }
 
-/// Access to a team's `config.json`, or to its roster on the team's bus when it has one.
+/// Access to a team's roster: in a team dir, `config.json` and one record per member (see
+/// [`crate::store::files::roster`]); on a bus, one document.
 #[derive(Debug, Clone)]
 pub struct Roster {
     team: TeamDir,
 }
+
+/// What [`Roster::load_if_changed`] last read.
+#[derive(Debug, Default)]
+pub struct RosterSeen {
+    files: crate::store::files::roster::Seen,
+    doc: Seen,
+}
+
+impl RosterSeen {
+    /// Whether a member's record changed since the last call (in a team dir: the view in
+    /// config.json is behind it then).
+    pub fn take_records_changed(&mut self) -> bool {
+        self.files.take_records_changed()
+    }
+
+    /// A reader that holds the file it read open (see [`Seen::holding`]): for one process
+    /// that looks often.
+    pub fn holding() -> RosterSeen {
+        RosterSeen {
+            files: crate::store::files::roster::Seen::holding(),
+            doc: Seen::holding(),
+        }
+    }
+}
+
+/// The files backend of the roster.
+use crate::store::files::roster as files;
 
 impl Roster {
     /// The roster of `team`.
@@ -412,31 +445,61 @@ impl Roster {
         Doc::roster(&self.team)
     }
 
+    /// Whether the roster is the team dir's files (else one document on the bus).
+    fn in_files(&self) -> bool {
+        self.team.store().for_people()
+    }
+
     /// Where the roster is, for messages: the path of `config.json`, or its key on the bus.
     fn place(&self) -> String {
         self.doc().place()
     }
 
-    /// Reads the roster (an empty team if the file does not exist). A file that does not parse
-    /// is an error and is left as it is.
+    /// Reads the roster (an empty team if there is none). A file that does not parse is an
+    /// error and is left as it is.
     pub fn load(&self) -> Result<TeamConfig> {
+        if self.in_files() {
+            return files::load(&self.team);
+        }
         let doc = self.doc();
         parse(&doc, doc.read()?.as_deref())
     }
 
+    /// The roster as member `name` needs it (its budget, its settings): the team's fields and
+    /// its own record, without the other members' when it can (a team dir, no team budget);
+    /// otherwise all of it.
+    pub fn load_for(&self, name: &str) -> Result<TeamConfig> {
+        if self.in_files() {
+            return files::load_for(&self.team, name);
+        }
+        self.load()
+    }
+
     /// The roster if it changed since `seen` was last given to this call, `None` if it did
-    /// not (see [`Doc::read_if_changed`]): a reader that keeps its copy parses the roster only
-    /// when someone wrote it. A file that does not parse is an error each time it changes.
-    pub fn load_if_changed(&self, seen: &mut Seen) -> Result<Option<TeamConfig>> {
+    /// not: a reader that keeps its copy reads (and parses) only what someone wrote. A file
+    /// that does not parse is an error each time it changes.
+    pub fn load_if_changed(&self, seen: &mut RosterSeen) -> Result<Option<TeamConfig>> {
+        if self.in_files() {
+            return files::load_if_changed(&self.team, &mut seen.files);
+        }
         let doc = self.doc();
-        match doc.read_if_changed(seen)? {
+        match doc.read_if_changed(&mut seen.doc)? {
             Some(bytes) => parse(&doc, bytes.as_deref()).map(Some),
             None => Ok(None),
         }
     }
 
-    /// Reads, changes and durably replaces the roster under its lock (`config.lock`). If `f`
-    /// fails, nothing is written. Nothing is written either if `f` changed nothing.
+    /// Brings `config.json`'s view of the members up to date with their records (a no-op on
+    /// a bus). Returns whether it wrote anything.
+    pub fn refresh_view(&self) -> Result<bool> {
+        if self.in_files() {
+            return files::refresh_view(&self.team);
+        }
+        Ok(false)
+    }
+
+    /// Changes the roster as a whole under its lock (`config.lock`), durably. If `f` fails,
+    /// nothing is written. Nothing is written either if `f` changed nothing.
     pub fn update<R>(&self, f: impl FnOnce(&mut TeamConfig) -> Result<R>) -> Result<R> {
         self.update_and_read(f).map(|(_, out)| out)
     }
@@ -447,11 +510,47 @@ impl Roster {
         &self,
         f: impl FnOnce(&mut TeamConfig) -> Result<R>,
     ) -> Result<(TeamConfig, R)> {
+        if self.in_files() {
+            return files::update(&self.team, f);
+        }
         let doc = self.doc();
         doc.update(|bytes| {
             let (cfg, changed, out) = apply(parse(&doc, bytes.as_deref())?, f)?;
             let bytes = changed.then(|| doc.encode(&cfg)).transpose()?;
             Ok((bytes, (cfg, out)))
+        })
+    }
+
+    /// Changes member `name` alone: in a team dir, its record only, whatever the team's size
+    /// (the view in config.json follows within [`files::VIEW_LAG`] while a supervisor runs).
+    /// `f` sees a roster holding that member alone, and the team's own fields when
+    /// `with_team`; it may change nothing else. Returns the record as it is after `f`, `None`
+    /// when there is no such member.
+    pub fn write_member(
+        &self,
+        name: &str,
+        with_team: bool,
+        f: &mut dyn FnMut(&mut TeamConfig),
+    ) -> Result<Option<Member>> {
+        if self.in_files() {
+            return Ok(match files::update_member(&self.team, name, with_team, f)? {
+                files::MemberWrite::Written(m) | files::MemberWrite::Unchanged(m) => Some(m),
+                files::MemberWrite::Missing => None,
+            });
+        }
+        self.update(|cfg| {
+            let Some(i) = cfg.members.iter().position(|m| m.name == name) else {
+                return Ok(None);
+            };
+            let mut one = TeamConfig {
+                members: vec![cfg.members[i].clone()],
+                ..cfg.clone()
+            };
+            f(&mut one);
+            if let Some(m) = one.members.into_iter().find(|m| m.name == name) {
+                cfg.members[i] = m;
+            }
+            Ok(Some(cfg.members[i].clone()))
         })
     }
 
@@ -478,23 +577,41 @@ impl Roster {
         }
     }
 
-    /// Changes one member's record (see [`Roster::update`]); `updated_at` is stamped only when
-    /// something changed, and nothing is written otherwise.
+    /// Changes one member's record (see [`Roster::write_member`]) and brings config.json's
+    /// view up to date (for the CLI: a person reads the file next); `updated_at` is stamped
+    /// only when something changed, and nothing is written otherwise.
     pub fn update_member<R>(&self, name: &str, f: impl FnOnce(&mut Member) -> R) -> Result<R> {
-        self.update(|cfg| {
-            let m = cfg.require_mut(name)?;
-            let before = m.clone();
-            let out = f(m);
-            if *m != before {
-                m.updated_at = Some(fsutil::now());
+        let mut f = Some(f);
+        let mut out = None;
+        let written = self.write_member(name, false, &mut |c| {
+            if let (Some(f), Some(m)) = (f.take(), c.members.first_mut()) {
+                let before = m.clone();
+                out = Some(f(m));
+                if *m != before {
+                    m.updated_at = Some(fsutil::now());
+                }
             }
-            Ok(out)
-        })
+        })?;
+        if written.is_none() {
+            return Err(Error::UnknownMember(name.to_owned()));
+        }
+        // The record holds the change; a view that cannot be written now (config.json in a
+        // person's hands) catches up later.
+        if let Err(e) = self.refresh_view() {
+            tracing::debug!("config.json's view not brought up to date: {e}");
+        }
+        Ok(out.expect("the change ran"))
     }
 }
 
-/// A roster change kept until config.json can be written; applied again on every try.
-type PendingWrite = Box<dyn Fn(&mut TeamConfig) + Send>;
+/// A roster change kept until it can be written; applied again on every try.
+struct PendingWrite {
+    change: Box<dyn Fn(&mut TeamConfig) + Send>,
+    /// The one member it changes, if it changes only one (written to its record alone).
+    member: Option<String>,
+    /// Whether it reads the team's own fields.
+    with_team: bool,
+}
 
 /// How long a [`RosterWriter`] dropped with writes pending (its process exiting: a stop, a
 /// budget stop, a fatal error) keeps trying to write them. Shorter than the supervisor's
@@ -564,7 +681,7 @@ impl RosterWriter {
     /// Applies `f` after the writes still pending. Returns whether everything is written now;
     /// `false` means it is kept for later (see [`RosterWriter::error`]).
     pub fn apply(&mut self, f: impl Fn(&mut TeamConfig) + Send + 'static) -> bool {
-        self.pending.push(Box::new(f));
+        self.defer(f);
         self.flush()
     }
 
@@ -573,7 +690,11 @@ impl RosterWriter {
     /// together. The caller flushes before it waits for anything (a kill in between loses `f`,
     /// as it would lose a change not yet made).
     pub fn defer(&mut self, f: impl Fn(&mut TeamConfig) + Send + 'static) {
-        self.pending.push(Box::new(f));
+        self.pending.push(PendingWrite {
+            change: Box::new(f),
+            member: None,
+            with_team: true,
+        });
     }
 
     /// Changes member `name`'s record, stamping `updated_at`; with `incarnation`, only while the
@@ -585,7 +706,8 @@ impl RosterWriter {
         incarnation: Option<u64>,
         f: impl Fn(&mut Member) + Send + 'static,
     ) -> bool {
-        self.apply(member_change(name, incarnation, f))
+        self.member_later(name, incarnation, f);
+        self.flush()
     }
 
     /// [`RosterWriter::member`], kept for the next write (see [`RosterWriter::defer`]).
@@ -595,7 +717,64 @@ impl RosterWriter {
         incarnation: Option<u64>,
         f: impl Fn(&mut Member) + Send + 'static,
     ) {
-        self.defer(member_change(name, incarnation, f));
+        self.pending.push(PendingWrite {
+            change: Box::new(member_change(name, incarnation, f)),
+            member: Some(name.to_owned()),
+            with_team: false,
+        });
+    }
+
+    /// Keeps `f`, a change of member `name` alone that reads the team's own fields (its hooks,
+    /// say) but no other member, for the next write (see [`RosterWriter::defer`]).
+    pub fn member_with_team_later(
+        &mut self,
+        name: &str,
+        f: impl Fn(&mut TeamConfig) + Send + 'static,
+    ) {
+        self.pending.push(PendingWrite {
+            change: Box::new(f),
+            member: Some(name.to_owned()),
+            with_team: true,
+        });
+    }
+
+    /// The member every pending write changes alone, if there is one such member.
+    fn sole_member(&self) -> Option<String> {
+        let first = self.pending.first()?.member.as_ref()?;
+        self.pending
+            .iter()
+            .all(|p| p.member.as_ref() == Some(first))
+            .then(|| first.clone())
+    }
+
+    /// Writes what is pending: one member's changes to its record alone, anything else as a
+    /// change of the whole roster.
+    fn write_pending(&mut self) -> Result<()> {
+        let pending = &self.pending;
+        if let Some(name) = self.sole_member() {
+            let with_team = pending.iter().any(|p| p.with_team);
+            let written = self.roster.write_member(&name, with_team, &mut |one| {
+                for p in pending {
+                    (p.change)(one);
+                }
+            })?;
+            if let (Some(m), Some((_, cfg))) = (written, self.recent.as_mut())
+                && let Some(slot) = cfg.member_mut(&name)
+            {
+                *slot = m;
+            }
+            return Ok(());
+        }
+        let (cfg, ()) = self.roster.update_and_read(|cfg| {
+            for p in pending {
+                (p.change)(cfg);
+            }
+            Ok(())
+        })?;
+        if self.keep_recent {
+            self.recent = Some((Instant::now(), cfg));
+        }
+        Ok(())
     }
 
     /// Tries to write what is pending. Returns whether nothing is left pending.
@@ -603,19 +782,10 @@ impl RosterWriter {
         if self.pending.is_empty() {
             return true;
         }
-        let pending = &self.pending;
-        self.recent = None;
-        match self.roster.update_and_read(|cfg| {
-            for f in pending {
-                f(cfg);
-            }
-            Ok(())
-        }) {
-            Ok((cfg, ())) => {
+        let written = self.write_pending();
+        match written {
+            Ok(()) => {
                 self.pending.clear();
-                if self.keep_recent {
-                    self.recent = Some((Instant::now(), cfg));
-                }
                 if let Some(e) = self.last_error.take() {
                     tracing::info!(
                         "{} is writable again (after: {e}); pending changes written",
@@ -625,6 +795,7 @@ impl RosterWriter {
                 true
             }
             Err(e) => {
+                self.recent = None;
                 let text = e.to_string();
                 if self.last_error.as_deref() != Some(text.as_str()) {
                     tracing::warn!(
@@ -778,7 +949,7 @@ mod tests {
     }
 
     #[test]
-    fn writes_wait_for_an_unreadable_file_and_keep_their_order() {
+    fn whole_writes_wait_for_an_unreadable_file_and_keep_their_order() {
         let (_t, team, r) = roster();
         r.update(|c| {
             c.members.push(Member::new("a", "r"));
@@ -788,7 +959,10 @@ mod tests {
         let mut w = RosterWriter::new(r.clone());
         assert!(w.member("a", None, |m| m.restarts = 1));
         std::fs::write(team.config(), "{\"members\": [").unwrap();
-        assert!(!w.member("a", None, |m| m.restarts += 10));
+        // A member's own change goes on: it writes its record alone.
+        assert!(w.member("a", None, |m| m.restarts += 1));
+        // A change of the team waits, and so does everything after it, in order.
+        assert!(!w.apply(|c| c.members[0].restarts += 10));
         assert!(!w.member("a", None, |m| m.restarts *= 2));
         assert!(w.error().unwrap().contains("config.json"));
         // Nobody overwrote the half-made edit.
@@ -798,15 +972,16 @@ mod tests {
         );
         std::fs::write(
             team.config(),
-            r#"{"members":[{"name":"a","role":"r","status":"idle","restarts":3,"incarnation":2}]}"#,
+            r#"{"members":[{"name":"a","role":"r","status":"idle"}]}"#,
         )
         .unwrap();
         assert!(w.flush());
         assert!(!w.is_pending());
-        assert_eq!(r.load().unwrap().members[0].restarts, 26);
+        assert_eq!(r.load().unwrap().members[0].restarts, 24);
         // A write for another incarnation is skipped; one for this one stamps last_seen.
+        assert!(w.member("a", None, |m| m.incarnation = 2));
         assert!(w.member("a", Some(1), |m| m.restarts = 0));
-        assert_eq!(r.load().unwrap().members[0].restarts, 26);
+        assert_eq!(r.load().unwrap().members[0].restarts, 24);
         assert!(w.member("a", Some(2), |m| m.restarts = 0));
         let m = r.load().unwrap().members[0].clone();
         assert_eq!(m.restarts, 0);
@@ -853,16 +1028,22 @@ mod tests {
         .unwrap();
         let week = Duration::from_secs(7 * 86400);
         let mut plain = RosterWriter::new(r.clone());
-        assert!(plain.member("a", None, |m| m.calls = 1));
+        assert!(plain.apply(|c| c.members[0].calls = 1));
         assert!(plain.recent(week).is_none());
         let mut w = RosterWriter::keeping_recent(r.clone());
         assert!(w.recent(week).is_none());
+        // A member's own write reads no other member: nothing to keep yet.
         assert!(w.member("a", None, |m| m.calls = 2));
+        assert!(w.recent(week).is_none());
+        assert!(w.apply(|c| c.members[1].calls = 5));
         // The whole roster as written: the other members too.
         let kept = w.recent(week).unwrap();
         assert_eq!(kept, &r.load().unwrap());
         assert_eq!(kept.members[0].calls, 2);
         assert_eq!(kept.members[1].name, "b");
+        // A member's later write updates it in what was kept.
+        assert!(w.member("a", None, |m| m.calls = 3));
+        assert_eq!(w.recent(week).unwrap().members[0].calls, 3);
         std::thread::sleep(Duration::from_millis(5));
         assert!(w.recent(Duration::from_millis(1)).is_none());
         // Deferred changes make what was kept out of date.
@@ -885,7 +1066,7 @@ mod tests {
         let good = std::fs::read(team.config()).unwrap();
         std::fs::write(team.config(), "{\"members\": [").unwrap();
         let mut w = RosterWriter::new(r.clone());
-        assert!(!w.member("a", None, |m| m.calls = 7));
+        assert!(!w.apply(|c| c.members[0].calls = 7));
         // The writer goes with its process; the file is fixed meanwhile.
         let dropped = std::thread::spawn(move || drop(w));
         std::fs::write(team.config(), good).unwrap();

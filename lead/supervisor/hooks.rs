@@ -386,13 +386,12 @@ impl Runner {
                 ),
             );
         }
-        Roster::new(&self.team).update(|c| {
+        Roster::new(&self.team).write_member(name, false, &mut |c| {
             if let Some(m) = c.member_mut(name)
                 && m.idle_hook_pending == Some(calls)
             {
                 m.idle_hook_pending = None;
             }
-            Ok(())
         })?;
         Ok(())
     }

@@ -193,7 +193,10 @@ struct Supervisor {
     /// The config.json [`Supervisor::view`] was read from: a wake-up that did not replace it
     /// (an event appended, a lock taken, a request written) costs no read and parse of the
     /// whole roster.
-    seen: troupe::doc::Seen,
+    seen: troupe::config::RosterSeen,
+    /// When config.json's view of the members is next brought up to date with their records
+    /// (set when a record changed; see `troupe::store::files::roster`).
+    view_due: Option<Instant>,
     /// Whether the start-up reconciliation ran (it waits for a readable config.json).
     reconciled: bool,
     /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
@@ -267,7 +270,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         writer: RosterWriter::new(Roster::new(&team)),
         view: TeamConfig::default(),
         config_error: None,
-        seen: troupe::doc::Seen::holding(),
+        seen: troupe::config::RosterSeen::holding(),
+        view_due: None,
         reconciled: false,
         refused: HashSet::new(),
         requests: RequestStore::new(&team),
@@ -397,6 +401,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         .into());
     }
     sup.stop_team()?;
+    sup.write_view();
     events::log(
         &sup.team,
         "lead_stopped",
@@ -482,6 +487,9 @@ impl Supervisor {
                 }
             }
             Ok(Some(mut cfg)) => {
+                if self.seen.take_records_changed() && self.view_due.is_none() {
+                    self.view_due = Some(Instant::now() + troupe::store::files::roster::VIEW_LAG);
+                }
                 if let Some(was) = self.config_error.take() {
                     tracing::info!("config.json parses again (it did not: {was})");
                     events::log(&self.team, "config_readable", json!({}));
@@ -570,7 +578,20 @@ impl Supervisor {
         self.start_wanted();
         self.escalate_expired();
         self.kill_stragglers();
+        if self.view_due.is_some_and(|at| at <= Instant::now()) {
+            self.write_view();
+        }
         Ok(())
+    }
+
+    /// Brings config.json's view of the members up to date with their records. While
+    /// config.json does not parse, it is left to the person (tried again after the next
+    /// change).
+    fn write_view(&mut self) {
+        self.view_due = None;
+        if let Err(e) = self.roster.refresh_view() {
+            tracing::debug!("config.json's view not brought up to date: {e}");
+        }
     }
 
     fn next_deadline(&self) -> Option<Duration> {
@@ -582,6 +603,7 @@ impl Supervisor {
             .copied()
             .filter(|at| *at > now)
             .chain(self.running.values().filter_map(|r| r.kill_at))
+            .chain(self.view_due)
             .map(|t| t.saturating_duration_since(now))
             .min()
     }

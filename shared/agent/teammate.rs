@@ -80,9 +80,6 @@ pub struct Teammate {
     inbox: Inbox,
     /// Writes to this member's record; they wait out an unreadable config.json.
     record: RosterWriter,
-    /// The roster [`Teammate::refresh_settings`] last read: between activations it is read and
-    /// parsed again only if someone replaced it since.
-    settings_seen: crate::doc::Seen,
     requests: RequestStore,
     incarnation: u64,
     role: String,
@@ -157,7 +154,6 @@ impl Teammate {
             journal,
             conv,
             record: RosterWriter::keeping_recent(roster),
-            settings_seen: Default::default(),
             requests,
             term,
         };
@@ -178,7 +174,7 @@ impl Teammate {
         match self.record.recent(RECENT) {
             Some(cfg) => Ok(std::borrow::Cow::Borrowed(cfg)),
             None => Roster::new(&self.s.team)
-                .load()
+                .load_for(self.s.name.as_str())
                 .map(std::borrow::Cow::Owned),
         }
     }
@@ -335,9 +331,7 @@ impl Teammate {
         let cfg = match self.record.recent(RECENT) {
             Some(cfg) => cfg,
             None => {
-                let Ok(Some(cfg)) =
-                    Roster::new(&self.s.team).load_if_changed(&mut self.settings_seen)
-                else {
+                let Ok(cfg) = Roster::new(&self.s.team).load_for(self.s.name.as_str()) else {
                     return;
                 };
                 read = cfg;
@@ -750,11 +744,10 @@ impl Teammate {
             if self.idle_error.take().is_some() {
                 tracing::info!("idle notification sent");
             }
-            self.record.defer(idle_hook_mark(
-                self.s.name.to_string(),
-                self.incarnation,
-                u.calls,
-            ));
+            self.record.member_with_team_later(
+                self.s.name.as_str(),
+                idle_hook_mark(self.s.name.to_string(), self.incarnation, u.calls),
+            );
             self.idle_sent.push(u.notification.id.clone());
         }
         if then_idle && self.idle_all_sent() && self.status != Some(MemberStatus::Idle) {
@@ -846,7 +839,7 @@ impl Teammate {
             })
             .collect();
         let team = Roster::new(&self.s.team)
-            .load()
+            .load_for(self.s.name.as_str())
             .map(|c| c.team_name)
             .unwrap_or_default();
         format!(

@@ -7,4 +7,5 @@
 
 pub(crate) mod aside;
 pub mod events;
+pub mod roster;
 pub mod watch;

@@ -1,6 +1,6 @@
 //! Changes of a team dir's shared files, through inotify: `config.json` replaced in the root
-//! (the roster), and `ID.json` replaced in `requests/` or `tasks/`. Nothing else there (events,
-//! inboxes, locks) counts.
+//! and `NAME.json` in `members/` (the roster), and `ID.json` replaced in `requests/` or
+//! `tasks/`. Nothing else there (events, inboxes, locks) counts.
 
 use std::os::fd::{AsFd, BorrowedFd};
 
@@ -30,7 +30,13 @@ impl FileWatch {
         let mut dirs = Vec::new();
         for w in what {
             match w {
-                Watched::Roster => root = inotify.add_watch(team.root(), flags).ok(),
+                Watched::Roster => {
+                    root = inotify.add_watch(team.root(), flags).ok();
+                    // The members' records (see `super::roster`).
+                    let members = super::roster::members_dir(team);
+                    crate::fsutil::create_dir(&members)?;
+                    dirs.extend(inotify.add_watch(&members, flags));
+                }
                 Watched::Requests => dirs.extend(inotify.add_watch(&team.requests_dir(), flags)),
                 Watched::Tasks => dirs.extend(inotify.add_watch(&team.tasks_dir(), flags)),
             }

@@ -1,0 +1,650 @@
+//! The roster in a team dir: one record per member, and `config.json` for the team.
+//!
+//! A change to one member must cost the same whatever the team's size, and a team of hundreds
+//! changes members hundreds of times a second while it starts or stops. So:
+//!
+//! - **`members/NAME.json`** is member NAME's record: everything about it (settings and state),
+//!   with a `rev` that grows by one on every write. One member's change (a worker's status, its
+//!   usage, the supervisor's note of one exit) reads and durably replaces that file alone, under
+//!   `members/NAME.lock`, taken while `config.lock` is held *shared*: changes of different
+//!   members run side by side and none reads or writes the others.
+//! - **`config.json`** keeps DESIGN.md's format: the team's own fields (which live only there)
+//!   and `members[]`, a view of every record. What changes the team itself, who is on it, or
+//!   several members at once (`lead spawn`, `lead up`, a pass of starts, a team stop) holds
+//!   `config.lock` *exclusive*, reads every record and rewrites the view with its change. One
+//!   member's change leaves the view behind; the supervisor brings it up to date within
+//!   [`VIEW_LAG`] (and when it exits). It is written one member per line after a first line
+//!   with the team's fields, so a reader that wants only those reads one line.
+//! - **Who is on the team**: every record, and every member of the view without one (a member a
+//!   person added by hand, or a roster of an earlier version: it gets its record at its first
+//!   change). A member leaves (`lead up --prune`) by a rewrite of the view without it, then the
+//!   removal of its record.
+//! - **A person's edit** of a member in `config.json` is an entry that differs from the record at
+//!   the same `rev` (a view entry older than its record is only behind): it wins, and is copied
+//!   into the record by the next exclusive write or view refresh. An edit of an entry the view
+//!   had not caught up with yet is dropped (edit a busy team with `lead up`).
+//! - While `config.json` does not parse, nothing that needs it is written (it stays as the person
+//!   left it); members' own changes go on, for they do not touch it.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::config::{Member, TeamConfig};
+use crate::doc::Doc;
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::teamdir::TeamDir;
+
+/// How far the view in `config.json` may trail the members' records while a supervisor runs.
+pub const VIEW_LAG: Duration = Duration::from_millis(200);
+
+/// `members/`.
+pub fn members_dir(team: &TeamDir) -> PathBuf {
+    team.root().join("members")
+}
+
+fn record_path(team: &TeamDir, name: &str) -> PathBuf {
+    members_dir(team).join(format!("{name}.json"))
+}
+
+fn record_lock(team: &TeamDir, name: &str) -> PathBuf {
+    members_dir(team).join(format!("{name}.lock"))
+}
+
+/// `config.json` parsed; `None` when it does not exist. One that does not parse is an error.
+fn read_view(team: &TeamDir) -> Result<Option<TeamConfig>> {
+    let doc = Doc::roster(team);
+    match fsutil::read_optional(&team.config())? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| doc.corrupt(e)),
+    }
+}
+
+/// The error for a record that does not parse (left as it is).
+fn corrupt_record(path: &Path, why: impl std::fmt::Display) -> Error {
+    Error::Corrupt {
+        path: path.to_owned(),
+        why: format!("{why} (fix or remove the file; it was left untouched)"),
+    }
+}
+
+/// Member `name`'s record; `None` when it has none.
+fn read_record(team: &TeamDir, name: &str) -> Result<Option<Member>> {
+    let path = record_path(team, name);
+    match fsutil::read_optional(&path)? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| corrupt_record(&path, e)),
+    }
+}
+
+/// The names of the members with a record.
+fn record_names(team: &TeamDir) -> Result<Vec<String>> {
+    let dir = members_dir(team);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list", &dir)(e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(Error::io("list", &dir))?;
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        if let Some(name) = file.strip_suffix(".json")
+            && !name.starts_with('.')
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+fn read_records(team: &TeamDir) -> Result<HashMap<String, Member>> {
+    let mut out = HashMap::new();
+    for name in record_names(team)? {
+        if let Some(m) = read_record(team, &name)? {
+            out.insert(name, m);
+        }
+    }
+    Ok(out)
+}
+
+/// What member is, from its entry in the view and its record: the record, unless the entry is a
+/// person's edit of it (same `rev`, other content); the entry alone when there is no record.
+pub(crate) fn merge(view: Option<&Member>, record: Option<Member>) -> Option<Member> {
+    match (view, record) {
+        (Some(v), Some(r)) if v.rev == r.rev && *v != r => Some(v.clone()),
+        (_, Some(r)) => Some(r),
+        (Some(v), None) => Some(v.clone()),
+        (None, None) => None,
+    }
+}
+
+/// The roster from the view and the records: the view's members in its order, then members
+/// with a record only (added since the view was written) in the order they were asked for.
+pub(crate) fn assemble(view: Option<TeamConfig>, mut records: HashMap<String, Member>) -> TeamConfig {
+    let mut cfg = view.unwrap_or_default();
+    let listed = std::mem::take(&mut cfg.members);
+    for v in &listed {
+        if let Some(m) = merge(Some(v), records.remove(&v.name)) {
+            cfg.members.push(m);
+        }
+    }
+    let mut rest: Vec<Member> = records.into_values().collect();
+    rest.sort_by(|a, b| {
+        a.task_at
+            .unwrap_or(0.0)
+            .total_cmp(&b.task_at.unwrap_or(0.0))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    cfg.members.extend(rest);
+    cfg
+}
+
+/// The whole roster, read without a lock (every file is replaced whole).
+pub fn load(team: &TeamDir) -> Result<TeamConfig> {
+    let view = read_view(team)?;
+    Ok(assemble(view, read_records(team)?))
+}
+
+/// The team's own fields from the first line of `config.json` (the members left out), when it
+/// is written as [`encode_view`] writes it; `None` otherwise (a person's layout: read it all).
+fn read_team_fields(team: &TeamDir) -> Result<Option<TeamConfig>> {
+    let path = team.config();
+    let f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Some(TeamConfig::default()));
+        }
+        Err(e) => return Err(Error::io("open", &path)(e)),
+    };
+    let mut first = String::new();
+    std::io::BufReader::new(f)
+        .read_line(&mut first)
+        .map_err(Error::io("read", &path))?;
+    let Some(head) = first.strip_suffix(MEMBERS_OPEN) else {
+        return Ok(None);
+    };
+    if !head.starts_with('{') {
+        return Ok(None);
+    }
+    Ok(serde_json::from_str(&format!("{head}\"members\":[]}}")).ok())
+}
+
+/// The roster as member `name` needs it: the team's fields and its own record only (members
+/// holds it alone, or nothing when it is not on the team), without reading the other members;
+/// all of them when the team has a budget (its spend is everyone's).
+pub fn load_for(team: &TeamDir, name: &str) -> Result<TeamConfig> {
+    let Some(mut cfg) = read_team_fields(team)? else {
+        return load(team);
+    };
+    if cfg.team_budget_usd.is_some() {
+        return load(team);
+    }
+    match read_record(team, name)? {
+        Some(m) => {
+            cfg.members = vec![m];
+            Ok(cfg)
+        }
+        // Only in the view (added by hand, or before records): read it there.
+        None => {
+            let mut all = load(team)?;
+            all.members.retain(|m| m.name == name);
+            Ok(all)
+        }
+    }
+}
+
+/// The end of the first line of `config.json` as [`encode_view`] writes it.
+const MEMBERS_OPEN: &str = "\"members\":[\n";
+
+/// `config.json`'s bytes for `cfg`: a first line with the team's fields, then one member per
+/// line (valid JSON in DESIGN.md's shape; `jq .` shows it indented).
+pub(crate) fn encode_view(cfg: &TeamConfig) -> Result<Vec<u8>> {
+    let unserializable =
+        |e: serde_json::Error| Error::Protocol(format!("failed to serialize the roster: {e}"));
+    let mut team = serde_json::to_value(TeamConfig {
+        members: Vec::new(),
+        ..cfg.clone()
+    })
+    .map_err(unserializable)?;
+    if let Some(o) = team.as_object_mut() {
+        o.remove("members");
+    }
+    let head = serde_json::to_string(&team).map_err(unserializable)?;
+    let mut out = Vec::with_capacity(head.len() + cfg.members.len() * 1024);
+    out.extend_from_slice(head.trim_end_matches('}').as_bytes());
+    if head.len() > 2 {
+        out.push(b',');
+    }
+    out.extend_from_slice(MEMBERS_OPEN.as_bytes());
+    for (i, m) in cfg.members.iter().enumerate() {
+        serde_json::to_writer(&mut out, m).map_err(unserializable)?;
+        if i + 1 < cfg.members.len() {
+            out.push(b',');
+        }
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"]}\n");
+    Ok(out)
+}
+
+/// Durably replaces member `m`'s record (temp file, fsync, rename, fsync of `members/`). Its
+/// modification time is past the replaced one's, so a reader that compares times never takes
+/// a new record for the one it read.
+fn write_record(team: &TeamDir, m: &Member, before: Option<SystemTime>) -> Result<()> {
+    let dir = members_dir(team);
+    fsutil::create_dir(&dir)?;
+    let path = record_path(team, &m.name);
+    let mut bytes = serde_json::to_vec_pretty(m)
+        .map_err(|e| Error::Protocol(format!("failed to serialize {}: {e}", m.name)))?;
+    bytes.push(b'\n');
+    let tmp = dir.join(format!(
+        ".{}.json.tmp.{}.{}",
+        m.name,
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(Error::io("create temp file", &tmp))?;
+        f.write_all(&bytes).map_err(Error::io("write", &tmp))?;
+        let now = SystemTime::now();
+        let mtime = match before {
+            Some(b) if b >= now => b + Duration::from_micros(1),
+            _ => now,
+        };
+        f.set_modified(mtime)
+            .map_err(Error::io("set the time of", &tmp))?;
+        f.sync_all().map_err(Error::io("fsync", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(Error::io("rename into place", &path))?;
+        fsutil::fsync_dir(&dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// What [`update_member`] did.
+pub enum MemberWrite {
+    /// Written; the record as it is now.
+    Written(Member),
+    /// `f` changed nothing; nothing written.
+    Unchanged(Member),
+    /// No such member.
+    Missing,
+}
+
+/// Changes member `name` alone: its record, under its lock, with `config.lock` held shared.
+/// `f` sees a roster holding that member alone, with the team's own fields when `with_team`
+/// (then a config.json that does not parse is an error, as for a whole change); it changes
+/// nothing else. The view is left behind (see the module's doc). A member only in the view
+/// gets its record.
+pub fn update_member(
+    team: &TeamDir,
+    name: &str,
+    with_team: bool,
+    f: &mut dyn FnMut(&mut TeamConfig),
+) -> Result<MemberWrite> {
+    let config_lock = team.config_lock();
+    let cl = fsutil::open_lock(&config_lock)?;
+    let _shared = fsutil::lock_shared(&cl, &config_lock)?;
+    // The team's fields change only under the exclusive lock: as read now, they hold.
+    let mut one = if with_team {
+        match read_team_fields(team)? {
+            Some(t) => t,
+            None => TeamConfig {
+                members: Vec::new(),
+                ..read_view(team)?.unwrap_or_default()
+            },
+        }
+    } else {
+        TeamConfig::default()
+    };
+    fsutil::create_dir(&members_dir(team))?;
+    let lock_path = record_lock(team, name);
+    let lock = fsutil::open_lock(&lock_path)?;
+    let _own = fsutil::lock_exclusive(&lock, &lock_path)?;
+    let path = record_path(team, name);
+    let before_time = modified(&path);
+    let base = match read_record(team, name)? {
+        Some(r) => r,
+        None => match read_view(team)?.and_then(|mut v| {
+            let i = v.members.iter().position(|m| m.name == name)?;
+            Some(v.members.swap_remove(i))
+        }) {
+            Some(m) => m,
+            None => return Ok(MemberWrite::Missing),
+        },
+    };
+    one.members = vec![base.clone()];
+    f(&mut one);
+    let Some(mut m) = one.members.into_iter().find(|m| m.name == base.name) else {
+        return Ok(MemberWrite::Unchanged(base));
+    };
+    if m == base {
+        return Ok(MemberWrite::Unchanged(m));
+    }
+    m.rev = base.rev + 1;
+    write_record(team, &m, before_time)?;
+    Ok(MemberWrite::Written(m))
+}
+
+/// Changes the roster as a whole under `config.lock` held exclusive: every record `f` changed is
+/// written, then the view (with the team's fields), then the records of members `f` took off
+/// are removed. Returns the roster after `f`, whether anything was written, and `f`'s result.
+/// A person's edits found in the view are copied into their records on the way.
+pub fn update<R>(
+    team: &TeamDir,
+    f: impl FnOnce(&mut TeamConfig) -> Result<R>,
+) -> Result<(TeamConfig, R)> {
+    let config_lock = team.config_lock();
+    let cl = fsutil::open_lock(&config_lock)?;
+    let _exclusive = fsutil::lock_exclusive(&cl, &config_lock)?;
+    let view = read_view(team)?;
+    let records = read_records(team)?;
+    let before = assemble(view, records.clone());
+    let mut after = before.clone();
+    let out = f(&mut after)?;
+    let (written, _) = write_all(team, &records, &before, after)?;
+    Ok((written, out))
+}
+
+/// Brings the view in `config.json` up to date with the records (and copies a person's edits
+/// into them), under `config.lock` held exclusive. Returns whether it wrote anything. A
+/// `config.json` that does not parse is left alone (an error).
+pub fn refresh_view(team: &TeamDir) -> Result<bool> {
+    let config_lock = team.config_lock();
+    let cl = fsutil::open_lock(&config_lock)?;
+    let _exclusive = fsutil::lock_exclusive(&cl, &config_lock)?;
+    let view = read_view(team)?;
+    let records = read_records(team)?;
+    let now = assemble(view, records.clone());
+    let (_, wrote) = write_all(team, &records, &now, now.clone())?;
+    Ok(wrote)
+}
+
+/// The writes of [`update`]: `after` against the roster `before` (assembled from the view and
+/// `records`). Returns `after` as written (with the records' new revs), and whether anything
+/// was written.
+fn write_all(
+    team: &TeamDir,
+    records: &HashMap<String, Member>,
+    before: &TeamConfig,
+    mut after: TeamConfig,
+) -> Result<(TeamConfig, bool)> {
+    let mut wrote = false;
+    for m in after.members.iter_mut() {
+        let record = records.get(&m.name);
+        if record == Some(m) {
+            continue;
+        }
+        // New, changed by `f`, or a person's edit of the view not yet in its record.
+        let rev = record
+            .map(|r| r.rev)
+            .max(before.member(&m.name).map(|b| b.rev))
+            .unwrap_or(0);
+        let unchanged = before.member(&m.name) == Some(m) && record.is_none();
+        if unchanged {
+            // Only in the view, untouched: it stays there until it changes.
+            continue;
+        }
+        m.rev = rev + 1;
+        write_record(team, m, modified(&record_path(team, &m.name)))?;
+        wrote = true;
+    }
+    let bytes = encode_view(&after)?;
+    if fsutil::read_optional(&team.config())?.as_deref() != Some(bytes.as_slice()) {
+        fsutil::atomic_write(&team.config(), &bytes)?;
+        wrote = true;
+    }
+    for name in records.keys() {
+        if after.member(name).is_none() {
+            let path = record_path(team, name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", &path)(e)),
+            }
+            let _ = std::fs::remove_file(record_lock(team, name));
+        }
+    }
+    if records.keys().any(|n| after.member(n).is_none()) {
+        fsutil::fsync_dir(&members_dir(team))?;
+        wrote = true;
+    }
+    Ok((after, wrote))
+}
+
+/// What [`load_if_changed`] last read: the view's bytes, and each record's time and size.
+#[derive(Debug, Default)]
+pub struct Seen {
+    view: crate::doc::Seen,
+    view_cfg: Option<TeamConfig>,
+    records: HashMap<String, (RecordStamp, Member)>,
+    read_once: bool,
+    records_changed: bool,
+}
+
+impl Seen {
+    /// Whether a record changed since the last call.
+    pub fn take_records_changed(&mut self) -> bool {
+        std::mem::take(&mut self.records_changed)
+    }
+
+    /// A reader that holds `config.json` open (see [`crate::doc::Seen::holding`]).
+    pub fn holding() -> Seen {
+        Seen {
+            view: crate::doc::Seen::holding(),
+            ..Seen::default()
+        }
+    }
+}
+
+/// A record's inode, size and modification time: every write gives a later time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RecordStamp(u64, u64, i64, i64);
+
+fn stamp(path: &Path) -> Option<RecordStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(RecordStamp(m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+/// The roster if the view or any record changed since `seen` was last given to this call
+/// (only what changed is read and parsed), `None` if nothing did.
+pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamConfig>> {
+    let doc = Doc::roster(team);
+    let mut changed = !seen.read_once;
+    if let Some(bytes) = doc.read_if_changed(&mut seen.view)? {
+        let cfg = match bytes {
+            None => None,
+            Some(b) => Some(serde_json::from_slice(&b).map_err(|e| {
+                // Read again next time: the person may fix it.
+                seen.view = crate::doc::Seen::default();
+                doc.corrupt(e)
+            })?),
+        };
+        seen.view_cfg = cfg;
+        changed = true;
+    }
+    let names = record_names(team)?;
+    let mut records_changed = false;
+    if seen.records.len() != names.len() || names.iter().any(|n| !seen.records.contains_key(n)) {
+        seen.records.retain(|n, _| names.contains(n));
+        records_changed = true;
+    }
+    for name in names {
+        let path = record_path(team, &name);
+        let Some(st) = stamp(&path) else {
+            records_changed |= seen.records.remove(&name).is_some();
+            continue;
+        };
+        if seen.records.get(&name).is_some_and(|(s, _)| *s == st) {
+            continue;
+        }
+        if let Some(m) = read_record(team, &name)? {
+            seen.records.insert(name, (st, m));
+            records_changed = true;
+        }
+    }
+    seen.read_once = true;
+    seen.records_changed |= records_changed;
+    changed |= records_changed;
+    if !changed {
+        return Ok(None);
+    }
+    let records = seen
+        .records
+        .iter()
+        .map(|(n, (_, m))| (n.clone(), m.clone()))
+        .collect();
+    Ok(Some(assemble(seen.view_cfg.clone(), records)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MemberStatus;
+
+    fn team() -> (tempfile::TempDir, TeamDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        (tmp, team)
+    }
+
+    fn set(team: &TeamDir, name: &str, f: impl Fn(&mut Member)) -> MemberWrite {
+        update_member(team, name, false, &mut |c| c.members.iter_mut().for_each(&f)).unwrap()
+    }
+
+    fn add(team: &TeamDir, name: &str) {
+        update(team, |c| {
+            c.members.push(Member::new(name, "r"));
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn the_view_keeps_designs_shape_and_its_first_line_holds_the_team() {
+        let (_t, team) = team();
+        add(&team, "a");
+        add(&team, "b");
+        let text = std::fs::read_to_string(team.config()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["team_name"], "default");
+        assert_eq!(v["members"][1]["name"], "b");
+        assert_eq!(text.lines().count(), 4, "{text}");
+        let fields = read_team_fields(&team).unwrap().unwrap();
+        assert_eq!(fields.team_name, "default");
+        assert!(fields.members.is_empty());
+        // An empty team too.
+        let empty = encode_view(&TeamConfig::default()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&empty).unwrap();
+        assert_eq!(v["members"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn one_members_change_writes_its_record_only_and_the_view_catches_up() {
+        let (_t, team) = team();
+        add(&team, "a");
+        add(&team, "b");
+        let view = std::fs::read(team.config()).unwrap();
+        let b_record = std::fs::read(record_path(&team, "b")).unwrap();
+        let w = set(&team, "a", |m| m.status = MemberStatus::Idle);
+        assert!(matches!(w, MemberWrite::Written(ref m) if m.rev == 2));
+        assert_eq!(std::fs::read(team.config()).unwrap(), view);
+        assert_eq!(std::fs::read(record_path(&team, "b")).unwrap(), b_record);
+        // Readers see it at once; the view after a refresh.
+        assert_eq!(load(&team).unwrap().members[0].status, MemberStatus::Idle);
+        assert_eq!(load_for(&team, "a").unwrap().members[0].status, MemberStatus::Idle);
+        assert!(refresh_view(&team).unwrap());
+        assert!(!refresh_view(&team).unwrap());
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(team.config()).unwrap()).unwrap();
+        assert_eq!(v["members"][0]["status"], "idle");
+        assert!(matches!(set(&team, "zed", |_| ()), MemberWrite::Missing));
+    }
+
+    #[test]
+    fn a_persons_edit_of_the_view_wins_and_a_stale_entry_does_not() {
+        let (_t, team) = team();
+        add(&team, "a");
+        // Edited by hand at the record's rev: it wins, and lands in the record.
+        let text = std::fs::read_to_string(team.config()).unwrap();
+        std::fs::write(team.config(), text.replace("\"role\":\"r\"", "\"role\":\"edited\"")).unwrap();
+        assert_eq!(load(&team).unwrap().members[0].role, "edited");
+        refresh_view(&team).unwrap();
+        assert_eq!(read_record(&team, "a").unwrap().unwrap().role, "edited");
+        // A view entry behind its record is only behind.
+        set(&team, "a", |m| m.restarts = 5);
+        assert_eq!(load(&team).unwrap().members[0].restarts, 5);
+    }
+
+    #[test]
+    fn a_member_added_by_hand_gets_its_record_at_its_first_change_and_leaves_whole() {
+        let (_t, team) = team();
+        std::fs::write(
+            team.config(),
+            r#"{"members":[{"name":"a","role":"r","status":"idle"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(load(&team).unwrap().members.len(), 1);
+        set(&team, "a", |m| m.restarts = 1);
+        assert_eq!(read_record(&team, "a").unwrap().unwrap().restarts, 1);
+        update(&team, |c| {
+            c.members.clear();
+            Ok(())
+        })
+        .unwrap();
+        assert!(load(&team).unwrap().members.is_empty());
+        assert!(!record_path(&team, "a").exists());
+    }
+
+    #[test]
+    fn a_watcher_reads_only_what_changed() {
+        let (_t, team) = team();
+        add(&team, "a");
+        let mut seen = Seen::default();
+        assert!(load_if_changed(&team, &mut seen).unwrap().is_some());
+        assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
+        // Two writes within one clock tick are still two changes.
+        for n in 1..4 {
+            set(&team, "a", |m| m.restarts = n);
+            let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
+            assert_eq!(cfg.members[0].restarts, n);
+        }
+        assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
+        add(&team, "b");
+        assert_eq!(load_if_changed(&team, &mut seen).unwrap().unwrap().members.len(), 2);
+    }
+
+    #[test]
+    fn an_unparsable_view_stops_team_writes_but_not_a_members() {
+        let (_t, team) = team();
+        add(&team, "a");
+        set(&team, "a", |m| m.restarts = 1);
+        std::fs::write(team.config(), "{\"members\": [").unwrap();
+        assert!(update(&team, |_| Ok(())).is_err());
+        assert!(refresh_view(&team).is_err());
+        set(&team, "a", |m| m.restarts = 2);
+        assert_eq!(std::fs::read_to_string(team.config()).unwrap(), "{\"members\": [");
+        assert_eq!(read_record(&team, "a").unwrap().unwrap().restarts, 2);
+    }
+}
