@@ -58,18 +58,20 @@ pub fn sections(a: &BenchArgs, sizes: &[usize], lead: &Path, scratch: &Path, doc
         if row.get("error").is_none() {
             eprintln!(
                 "scale {n}: spawn calls {} ms, spawn -> all idle {} ms, team stop {} ms \
-                 ({} roster rewrites in the stop; supervisor CPU {} ms to idle, {} ms to stop; \
-                 roster {} bytes, parse {} ms, serialize {} ms, update {} ms)",
+                 ({} roster writes in the stop, {} of config.json; supervisor CPU {} ms to idle, {} ms to stop; \
+                 roster {} bytes, parse {} ms, serialize {} ms, whole update {} ms, one member's {} ms)",
                 row["spawn_calls_ms"],
                 row["all_idle_ms"],
                 row["team_stop_ms"],
                 row["team_stop_roster_rewrites"],
+                row["team_stop_config_rewrites"],
                 row["supervisor_cpu_ms_to_idle"],
                 row["supervisor_cpu_ms_in_stop"],
                 row["idle_roster"]["bytes"],
                 row["idle_roster"]["parse_ms"],
                 row["idle_roster"]["serialize_ms"],
                 row["idle_roster"]["update_ms"],
+                row["idle_roster"]["member_write_ms"],
             );
         }
     }
@@ -170,15 +172,16 @@ fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Res
         "roster_rewrites_per_worker": spawn["roster_rewrites_per_worker"],
         "supervisor_cpu_ms_to_idle": cpu_idle.map(round3),
         "team_stop_ms": ms(stop.elapsed),
-        "team_stop_roster_rewrites": stop_rewrites,
+        "team_stop_roster_rewrites": stop_rewrites.map(|r| r.total()),
+        "team_stop_config_rewrites": stop_rewrites.map(|r| r.config),
         "supervisor_cpu_ms_in_stop": stop.cpu_ms.zip(cpu_before).map(|(a, b)| round3(a - b)),
         "worker_processes_left": left,
         "idle_roster": roster_costs,
     }))
 }
 
-/// What one read and one write of the idle team's whole roster cost (medians of 20): each
-/// roster change of anyone reads, parses, serializes and durably replaces all of it.
+/// What one read and one write of the idle team's whole roster cost, and one write of one
+/// member's record (medians of 20).
 fn roster_costs(team: &TeamDir) -> anyhow::Result<Value> {
     let roster = Roster::new(team);
     let cfg = roster.load()?;
@@ -208,6 +211,12 @@ fn roster_costs(team: &TeamDir) -> anyhow::Result<Value> {
                 c.members[0].updated_at = Some(fsutil::now());
                 Ok(())
             })?)
+        })?,
+        "member_write_ms": median(&mut || {
+            roster.write_member(&cfg.members[0].name, false, &mut |c| {
+                c.members[0].updated_at = Some(fsutil::now());
+            })?;
+            Ok(())
         })?,
     }))
 }

@@ -377,8 +377,11 @@ pub fn spawn_phase(
         "median_idle_ms": round3(times.get(times.len() / 2).copied().unwrap_or(0.0)),
         "all_idle_ms": ms(all_idle),
         "each_spawn_to_idle": Summary::of(&each),
-        "roster_rewrites": roster_rewrites,
-        "roster_rewrites_per_worker": roster_rewrites.map(|n| round3(n as f64 / names.len().max(1) as f64)),
+        "roster_rewrites": roster_rewrites.map(|r| r.total()),
+        "config_rewrites": roster_rewrites.map(|r| r.config),
+        "record_writes": roster_rewrites.map(|r| r.records),
+        "roster_rewrites_per_worker": roster_rewrites.map(|r| round3(r.total() as f64 / names.len().max(1) as f64)),
+        "config_rewrites_per_worker": roster_rewrites.map(|r| round3(r.config as f64 / names.len().max(1) as f64)),
         "rss_mb_mean": mean(&rss),
         "rss_mb_max": max(&rss),
         "rss_anon_mb_mean": mean(&anon),
@@ -390,7 +393,7 @@ pub fn spawn_phase(
     });
     eprintln!(
         "{label}: {} workers idle in {:.0} ms (spawn calls {:.0} ms, each p50 {:.2} ms; \
-         spawn -> idle p50 {:.0} ms; {} roster rewrites a worker), RSS mean {:.2} MB (anon {:.2} MB, PSS {:.2} MB), max \
+         spawn -> idle p50 {:.0} ms; {} roster writes a worker, {} of config.json), RSS mean {:.2} MB (anon {:.2} MB, PSS {:.2} MB), max \
          {:.2} MB, CPU {:.0} ms a worker",
         names.len(),
         ms(all_idle),
@@ -398,6 +401,7 @@ pub fn spawn_phase(
         doc["spawn_call_each"]["p50_ms"].as_f64().unwrap_or(0.0),
         doc["each_spawn_to_idle"]["p50_ms"].as_f64().unwrap_or(0.0),
         doc["roster_rewrites_per_worker"],
+        doc["config_rewrites_per_worker"],
         mean(&rss),
         mean(&anon),
         mean(&pss),

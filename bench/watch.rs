@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 /// Wakes when something in the team dir's top level changes (`config.json` replaced,
 /// `events.jsonl` appended), or after a short timeout; sleeps briefly without inotify.
@@ -65,22 +65,52 @@ impl RootWatch {
     }
 }
 
-/// Counts the times `config.json` is replaced, from now on: the renames of its temporary files
-/// (each has a name of its own; inotify merges repeated events about the one `config.json`).
-pub struct RewriteCount(Option<Inotify>);
+/// Counts the roster's writes from now on: the times `config.json` is replaced (a change of the
+/// team, of who is on it, of several members, or the view caught up) and the times a member's
+/// record in `members/` is, from the renames of their temporary files (each has a name of its
+/// own; inotify merges repeated events about one file).
+pub struct RewriteCount {
+    inotify: Option<Inotify>,
+    root: Option<WatchDescriptor>,
+}
+
+/// What [`RewriteCount`] counted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rewrites {
+    /// `config.json` replaced.
+    pub config: u64,
+    /// Member records replaced.
+    pub records: u64,
+}
+
+impl Rewrites {
+    pub fn total(&self) -> u64 {
+        self.config + self.records
+    }
+}
 
 impl RewriteCount {
     pub fn new(dir: &Path) -> RewriteCount {
-        let n = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .ok()
-            .filter(|n| n.add_watch(dir, AddWatchFlags::IN_MOVED_FROM).is_ok());
-        RewriteCount(n)
+        let Ok(n) = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) else {
+            return RewriteCount {
+                inotify: None,
+                root: None,
+            };
+        };
+        let root = n.add_watch(dir, AddWatchFlags::IN_MOVED_FROM).ok();
+        let members = dir.join("members");
+        let _ = std::fs::create_dir_all(&members);
+        let _ = n.add_watch(&members, AddWatchFlags::IN_MOVED_FROM);
+        RewriteCount {
+            inotify: root.is_some().then_some(n),
+            root,
+        }
     }
 
     /// The replaces so far (`None`: no inotify, or its queue overflowed).
-    pub fn count(&self) -> Option<u64> {
-        let n = self.0.as_ref()?;
-        let mut count = 0;
+    pub fn count(&self) -> Option<Rewrites> {
+        let n = self.inotify.as_ref()?;
+        let mut count = Rewrites::default();
         while let Ok(evs) = n.read_events() {
             if evs.is_empty() {
                 break;
@@ -89,11 +119,17 @@ impl RewriteCount {
                 if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                     return None;
                 }
-                count += u64::from(
-                    e.name
-                        .as_deref()
-                        .is_some_and(|f| f.as_encoded_bytes().starts_with(b".config.json.tmp")),
-                );
+                let Some(name) = e.name.as_deref() else {
+                    continue;
+                };
+                let name = name.as_encoded_bytes();
+                if Some(e.wd) == self.root {
+                    count.config += u64::from(name.starts_with(b".config.json.tmp"));
+                } else {
+                    count.records += u64::from(
+                        name.starts_with(b".") && name.windows(9).any(|w| w == b".json.tmp"),
+                    );
+                }
             }
         }
         Some(count)

@@ -554,6 +554,34 @@ impl Roster {
         })
     }
 
+    /// Changes or adds member `name` alone (`lead spawn`): in a team dir, from the team's own
+    /// fields and that member's record, without reading the others (see
+    /// [`files::update_one`]); the whole roster when that cannot be. `f` sees a roster with
+    /// the team's fields and, if it is on the team, that member; it changes nothing else. The
+    /// view in config.json is brought up to date now unless a supervisor runs (it does so
+    /// within [`files::VIEW_LAG`]).
+    pub fn update_one<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut TeamConfig) -> Result<R>,
+    ) -> Result<R> {
+        if !self.in_files() {
+            return self.update(f);
+        }
+        let mut f = Some(f);
+        let once = |cfg: &mut TeamConfig| (f.take().expect("run once"))(cfg);
+        let out = match files::update_one(&self.team, name, once)? {
+            Some((_, out)) => out,
+            None => return self.update(f.take().expect("not run yet")),
+        };
+        if !crate::liveness::supervisor_running(&self.team).unwrap_or(false)
+            && let Err(e) = self.refresh_view()
+        {
+            tracing::debug!("config.json's view not brought up to date: {e}");
+        }
+        Ok(out)
+    }
+
     /// Reads the roster, waiting while config.json does not parse (a user's edit in progress)
     /// until it does or `stop()` says to give up (then the parse error is returned). The first
     /// error of each kind is logged once.

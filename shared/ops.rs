@@ -56,7 +56,7 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
     } else {
         None
     };
-    let member = Roster::new(team).update(|cfg| {
+    let member = Roster::new(team).update_one(name.as_str(), |cfg| {
         let m = spawn_in(cfg, &name, spec)?;
         let m = match &worktree {
             Some(w) => {

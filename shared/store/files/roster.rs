@@ -46,6 +46,13 @@ pub fn members_dir(team: &TeamDir) -> PathBuf {
     team.root().join("members")
 }
 
+/// Whether member `name` can have a record: a valid teammate name (a member with another name,
+/// written by hand, is refused by the supervisor and stays in the view alone; its name never
+/// becomes a path).
+fn has_record_name(name: &str) -> bool {
+    crate::teamdir::AgentName::teammate(name).is_ok()
+}
+
 fn record_path(team: &TeamDir, name: &str) -> PathBuf {
     members_dir(team).join(format!("{name}.json"))
 }
@@ -98,7 +105,7 @@ fn record_names(team: &TeamDir) -> Result<Vec<String>> {
         let file = entry.file_name();
         let Some(file) = file.to_str() else { continue };
         if let Some(name) = file.strip_suffix(".json")
-            && !name.starts_with('.')
+            && has_record_name(name)
         {
             names.push(name.to_owned());
         }
@@ -302,6 +309,9 @@ pub fn update_member(
     with_team: bool,
     f: &mut dyn FnMut(&mut TeamConfig),
 ) -> Result<MemberWrite> {
+    if !has_record_name(name) {
+        return Ok(MemberWrite::Missing);
+    }
     let config_lock = team.config_lock();
     let cl = fsutil::open_lock(&config_lock)?;
     let _shared = fsutil::lock_shared(&cl, &config_lock)?;
@@ -366,6 +376,66 @@ pub fn update<R>(
     Ok((written, out))
 }
 
+/// Changes or adds member `name` alone, under `config.lock` held exclusive (who is on the team
+/// may change), reading the team's own fields and that member's record only: `f` sees a roster
+/// holding the team's fields and the member, if it is on the team. `None`, with `f` not run,
+/// when that cannot be done without reading every member (the team has a budget, config.json
+/// is laid out by a person, or the member is in the view only): the caller changes the roster
+/// as a whole then. `f` must change nothing but that member.
+pub fn update_one<R>(
+    team: &TeamDir,
+    name: &str,
+    f: impl FnOnce(&mut TeamConfig) -> Result<R>,
+) -> Result<Option<(Member, R)>> {
+    if !has_record_name(name) {
+        return Ok(None);
+    }
+    let config_lock = team.config_lock();
+    let cl = fsutil::open_lock(&config_lock)?;
+    let _exclusive = fsutil::lock_exclusive(&cl, &config_lock)?;
+    let Some(fields) = read_team_fields(team)? else {
+        return Ok(None);
+    };
+    if fields.team_budget_usd.is_some() {
+        return Ok(None);
+    }
+    let record = read_record(team, name)?;
+    if record.is_none() && view_lists(team, name)? {
+        return Ok(None);
+    }
+    let mut one = fields.clone();
+    one.members = record.clone().into_iter().collect();
+    let out = f(&mut one)?;
+    let Some(mut m) = one.members.into_iter().find(|m| m.name == name) else {
+        return Err(Error::Protocol(format!("{name} was not added")));
+    };
+    if record.as_ref() != Some(&m) {
+        m.rev = record.as_ref().map_or(0, |r| r.rev) + 1;
+        fsutil::create_dir(&members_dir(team))?;
+        write_record(team, &m, modified(&record_path(team, name)))?;
+    }
+    Ok(Some((m, out)))
+}
+
+/// Whether `config.json` lists member `name` (read for the names alone).
+fn view_lists(team: &TeamDir, name: &str) -> Result<bool> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        name: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Names {
+        #[serde(default)]
+        members: Vec<Named>,
+    }
+    let Some(bytes) = fsutil::read_optional(&team.config())? else {
+        return Ok(false);
+    };
+    let names: Names =
+        serde_json::from_slice(&bytes).map_err(|e| Doc::roster(team).corrupt(e))?;
+    Ok(names.members.iter().any(|m| m.name == name))
+}
+
 /// Brings the view in `config.json` up to date with the records (and copies a person's edits
 /// into them), under `config.lock` held exclusive. Returns whether it wrote anything. A
 /// `config.json` that does not parse is left alone (an error).
@@ -391,6 +461,10 @@ fn write_all(
 ) -> Result<(TeamConfig, bool)> {
     let mut wrote = false;
     for m in after.members.iter_mut() {
+        if !has_record_name(&m.name) {
+            // Kept in the view alone.
+            continue;
+        }
         let record = records.get(&m.name);
         if record == Some(m) {
             continue;
