@@ -533,10 +533,12 @@ impl Roster {
         f: &mut dyn FnMut(&mut TeamConfig),
     ) -> Result<Option<Member>> {
         if self.in_files() {
-            return Ok(match files::update_member(&self.team, name, with_team, f)? {
-                files::MemberWrite::Written(m) | files::MemberWrite::Unchanged(m) => Some(m),
-                files::MemberWrite::Missing => None,
-            });
+            return Ok(
+                match files::update_member(&self.team, name, with_team, f)? {
+                    files::MemberWrite::Written(m) | files::MemberWrite::Unchanged(m) => Some(m),
+                    files::MemberWrite::Missing => None,
+                },
+            );
         }
         self.update(|cfg| {
             let Some(i) = cfg.members.iter().position(|m| m.name == name) else {

@@ -81,15 +81,18 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
             };
             return Err(Error::OverBudget { why, fix });
         }
+        // The task goes in before the record says `spawning`: a supervisor starts the worker
+        // the moment it does, and a worker resuming a half-done activation would otherwise
+        // finish it with a model call of its own before the task arrives.
+        let task = Message::new(
+            MessageType::TaskAssignment,
+            LEAD,
+            name.as_str(),
+            spec.prompt.clone(),
+        );
+        Inbox::new(team, &name).append(&task, Durability::Sync)?;
         Ok(m)
     })?;
-    let task = Message::new(
-        MessageType::TaskAssignment,
-        LEAD,
-        name.as_str(),
-        spec.prompt.clone(),
-    );
-    Inbox::new(team, &name).append(&task, Durability::Sync)?;
     events::log(
         team,
         "spawn_requested",

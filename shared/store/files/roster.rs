@@ -136,7 +136,10 @@ pub(crate) fn merge(view: Option<&Member>, record: Option<Member>) -> Option<Mem
 
 /// The roster from the view and the records: the view's members in its order, then members
 /// with a record only (added since the view was written) in the order they were asked for.
-pub(crate) fn assemble(view: Option<TeamConfig>, mut records: HashMap<String, Member>) -> TeamConfig {
+pub(crate) fn assemble(
+    view: Option<TeamConfig>,
+    mut records: HashMap<String, Member>,
+) -> TeamConfig {
     let mut cfg = view.unwrap_or_default();
     let listed = std::mem::take(&mut cfg.members);
     for v in &listed {
@@ -227,8 +230,9 @@ pub(crate) fn encode_view(cfg: &TeamConfig) -> Result<Vec<u8>> {
     }
     let head = serde_json::to_string(&team).map_err(unserializable)?;
     let mut out = Vec::with_capacity(head.len() + cfg.members.len() * 1024);
-    out.extend_from_slice(head.trim_end_matches('}').as_bytes());
-    if head.len() > 2 {
+    let open = head.strip_suffix('}').unwrap_or(&head);
+    out.extend_from_slice(open.as_bytes());
+    if open.len() > 1 {
         out.push(b',');
     }
     out.extend_from_slice(MEMBERS_OPEN.as_bytes());
@@ -431,8 +435,7 @@ fn view_lists(team: &TeamDir, name: &str) -> Result<bool> {
     let Some(bytes) = fsutil::read_optional(&team.config())? else {
         return Ok(false);
     };
-    let names: Names =
-        serde_json::from_slice(&bytes).map_err(|e| Doc::roster(team).corrupt(e))?;
+    let names: Names = serde_json::from_slice(&bytes).map_err(|e| Doc::roster(team).corrupt(e))?;
     Ok(names.members.iter().any(|m| m.name == name))
 }
 
@@ -604,7 +607,10 @@ mod tests {
     }
 
     fn set(team: &TeamDir, name: &str, f: impl Fn(&mut Member)) -> MemberWrite {
-        update_member(team, name, false, &mut |c| c.members.iter_mut().for_each(&f)).unwrap()
+        update_member(team, name, false, &mut |c| {
+            c.members.iter_mut().for_each(&f)
+        })
+        .unwrap()
     }
 
     fn add(team: &TeamDir, name: &str) {
@@ -647,7 +653,10 @@ mod tests {
         assert_eq!(std::fs::read(record_path(&team, "b")).unwrap(), b_record);
         // Readers see it at once; the view after a refresh.
         assert_eq!(load(&team).unwrap().members[0].status, MemberStatus::Idle);
-        assert_eq!(load_for(&team, "a").unwrap().members[0].status, MemberStatus::Idle);
+        assert_eq!(
+            load_for(&team, "a").unwrap().members[0].status,
+            MemberStatus::Idle
+        );
         assert!(refresh_view(&team).unwrap());
         assert!(!refresh_view(&team).unwrap());
         let v: serde_json::Value =
@@ -662,7 +671,11 @@ mod tests {
         add(&team, "a");
         // Edited by hand at the record's rev: it wins, and lands in the record.
         let text = std::fs::read_to_string(team.config()).unwrap();
-        std::fs::write(team.config(), text.replace("\"role\":\"r\"", "\"role\":\"edited\"")).unwrap();
+        std::fs::write(
+            team.config(),
+            text.replace("\"role\":\"r\"", "\"role\":\"edited\""),
+        )
+        .unwrap();
         assert_eq!(load(&team).unwrap().members[0].role, "edited");
         refresh_view(&team).unwrap();
         assert_eq!(read_record(&team, "a").unwrap().unwrap().role, "edited");
@@ -706,7 +719,14 @@ mod tests {
         }
         assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
         add(&team, "b");
-        assert_eq!(load_if_changed(&team, &mut seen).unwrap().unwrap().members.len(), 2);
+        assert_eq!(
+            load_if_changed(&team, &mut seen)
+                .unwrap()
+                .unwrap()
+                .members
+                .len(),
+            2
+        );
     }
 
     #[test]
@@ -718,7 +738,10 @@ mod tests {
         assert!(update(&team, |_| Ok(())).is_err());
         assert!(refresh_view(&team).is_err());
         set(&team, "a", |m| m.restarts = 2);
-        assert_eq!(std::fs::read_to_string(team.config()).unwrap(), "{\"members\": [");
+        assert_eq!(
+            std::fs::read_to_string(team.config()).unwrap(),
+            "{\"members\": ["
+        );
         assert_eq!(read_record(&team, "a").unwrap().unwrap().restarts, 2);
     }
 }
