@@ -416,6 +416,17 @@ pub struct RosterSeen {
 }
 
 impl RosterSeen {
+    /// From now on the caller says, with [`RosterSeen::note_changes`], which members' records
+    /// changed (a watch of the team dir tells): a read looks at those only.
+    pub fn watched(&mut self) {
+        self.files.watched();
+    }
+
+    /// Members whose records changed, as a watch saw them (`None`: it cannot tell).
+    pub fn note_changes(&mut self, names: Option<std::collections::HashSet<String>>) {
+        self.files.note_changes(names);
+    }
+
     /// Whether a member's record changed since the last call (in a team dir: the view in
     /// config.json is behind it then).
     pub fn take_records_changed(&mut self) -> bool {
@@ -588,9 +599,22 @@ impl Roster {
     /// until it does or `stop()` says to give up (then the parse error is returned). The first
     /// error of each kind is logged once.
     pub fn load_patiently(&self, stop: &dyn Fn() -> bool) -> Result<TeamConfig> {
+        self.patiently(None, stop)
+    }
+
+    /// [`Roster::load_patiently`] of what member `name` needs ([`Roster::load_for`]).
+    pub fn load_for_patiently(&self, name: &str, stop: &dyn Fn() -> bool) -> Result<TeamConfig> {
+        self.patiently(Some(name), stop)
+    }
+
+    fn patiently(&self, name: Option<&str>, stop: &dyn Fn() -> bool) -> Result<TeamConfig> {
         let mut said: Option<String> = None;
         loop {
-            match self.load() {
+            let read = match name {
+                Some(n) => self.load_for(n),
+                None => self.load(),
+            };
+            match read {
                 Err(e @ Error::Corrupt { .. }) => {
                     let text = e.to_string();
                     if said.as_deref() != Some(text.as_str()) {

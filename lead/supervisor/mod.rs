@@ -197,6 +197,11 @@ struct Supervisor {
     /// When config.json's view of the members is next brought up to date with their records
     /// (set when a record changed; see `troupe::store::files::roster`).
     view_due: Option<Instant>,
+    /// Changes of the roster and the requests (inotify on the team dir, or the bus's feed);
+    /// `None` when it could not be set up (then every look reads every member's record).
+    watch: Option<troupe::store::watch::Watch>,
+    /// Whether the watch saw a change not yet acted on by a tick.
+    watch_saw: bool,
     /// Whether the start-up reconciliation ran (it waits for a readable config.json).
     reconciled: bool,
     /// Members whose names are refused (hand-written `lead`, or invalid), reported once.
@@ -272,6 +277,8 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         config_error: None,
         seen: troupe::config::RosterSeen::holding(),
         view_due: None,
+        watch: None,
+        watch_saw: false,
         reconciled: false,
         refused: HashSet::new(),
         requests: RequestStore::new(&team),
@@ -314,6 +321,11 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         .watch(&[Watched::Roster, Watched::Requests])
         .map_err(|e| tracing::warn!("{e}; looking once a second instead"))
         .ok();
+    if watch.is_some() {
+        // Each refresh reads the records the watch saw change, not every member's.
+        sup.seen.watched();
+    }
+    sup.watch = watch;
     let mut notifier = crate::notify::Notifier::from_env();
     sup.tick()?;
     let hooks = hooks::Hooks::start(
@@ -363,7 +375,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
             .min(Duration::from_secs(1))
             .min(ping);
         let mut fds = vec![PollFd::new(wake_r.as_fd(), PollFlags::POLLIN)];
-        if let Some(w) = &watch {
+        if let Some(w) = &sup.watch {
             fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
         }
         let ms = timeout.as_millis().clamp(1, 1000) as i32;
@@ -377,9 +389,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         // closed; with hundreds of workers those come by the thousand, and each tick looks at
         // every member).
         due = !matches!(ready, Ok(n) if n > 0) | drain_pipe(&wake_r);
-        if let Some(w) = &watch {
-            due |= w.changed();
-        }
+        due |= sup.look_at_watch();
     }
     notifier.stopping();
     // A hook running now is killed; what it was run for stays marked for the next start.
@@ -480,6 +490,9 @@ impl Supervisor {
     /// does not parse, the view stays the last good copy, and each distinct error is logged
     /// once (an event and a line).
     fn refresh(&mut self) {
+        // What changed up to now (a worker's last write before it exited among them: inotify
+        // queues the event before the rename returns).
+        self.watch_saw |= self.look_at_watch();
         match self.roster.load_if_changed(&mut self.seen) {
             Ok(None) => {
                 if self.config_error.is_none() && self.writer.is_pending() && self.writer.flush() {
@@ -582,6 +595,17 @@ impl Supervisor {
             self.write_view();
         }
         Ok(())
+    }
+
+    /// Reads what the watch queued: whether something watched changed, and which members'
+    /// records (for the next refresh to read those alone).
+    fn look_at_watch(&mut self) -> bool {
+        let Some(w) = &self.watch else {
+            return false;
+        };
+        let changed = w.changed();
+        self.seen.note_changes(w.take_members());
+        changed || std::mem::take(&mut self.watch_saw)
     }
 
     /// Brings config.json's view of the members up to date with their records. While

@@ -8,6 +8,10 @@
 
 use super::*;
 
+/// Up to this many members starting in one pass have their records written one by one; more,
+/// and the roster is changed as a whole once.
+const FEW_STARTS: usize = 8;
+
 impl Supervisor {
     /// Starts a worker for every member that should run and has none, unless it waits out a
     /// restart delay. Nothing starts while config.json cannot be read or written: a start must
@@ -63,7 +67,7 @@ impl Supervisor {
             }
         }
         let bump: Vec<String> = ready.iter().map(|(n, _)| n.clone()).collect();
-        let incarnations = match self.roster.update(|cfg| {
+        let bump_all = |cfg: &mut TeamConfig| {
             let now = fsutil::now();
             let mut out = HashMap::new();
             for name in &bump {
@@ -76,8 +80,32 @@ impl Supervisor {
                 m.updated_at = Some(now);
                 out.insert(name.clone(), m.incarnation);
             }
-            Ok(out)
-        }) {
+            out
+        };
+        // A few starts (the usual pass: one `lead spawn`, one restart) write their members'
+        // records alone; many at once (a team resumed) one change of the whole roster.
+        let bumped = if bump.len() <= FEW_STARTS {
+            let mut out = HashMap::new();
+            let mut failed = None;
+            for name in &bump {
+                match self.roster.write_member(name, false, &mut |one| {
+                    out.extend(bump_all(one));
+                }) {
+                    Ok(_) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            match failed {
+                Some(e) => Err(e),
+                None => Ok(out),
+            }
+        } else {
+            self.roster.update(|cfg| Ok(bump_all(cfg)))
+        };
+        let incarnations = match bumped {
             Ok(i) => i,
             Err(e) => {
                 // Logged as a config error by the next refresh, or here for anything else.

@@ -124,7 +124,7 @@ impl Teammate {
     ) -> Result<Teammate> {
         let roster = Roster::new(&s.team);
         let member = roster
-            .load_patiently(&|| term.load(Ordering::SeqCst))?
+            .load_for_patiently(s.name.as_str(), &|| term.load(Ordering::SeqCst))?
             .require(s.name.as_str())?
             .clone();
         // From here on, a newer incarnation (a successor on another host) fences this one off.

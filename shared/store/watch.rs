@@ -29,4 +29,13 @@ impl Watch {
             Watch::Feed(w) => w.changed(),
         }
     }
+
+    /// The members whose records changed since the last call, as far as [`Watch::changed`]
+    /// read; `None` when that is not known (on a bus, where the roster is one document).
+    pub fn take_members(&self) -> Option<std::collections::HashSet<String>> {
+        match self {
+            Watch::Files(w) => w.take_members(),
+            Watch::Feed(_) => None,
+        }
+    }
 }

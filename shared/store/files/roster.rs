@@ -517,9 +517,28 @@ pub struct Seen {
     records: HashMap<String, (RecordStamp, Member)>,
     read_once: bool,
     records_changed: bool,
+    /// Whether a watch tells which records changed ([`Seen::note_changes`]).
+    watched: bool,
+    /// The records that may have changed since the last read; `None`: any of them.
+    maybe_changed: Option<std::collections::HashSet<String>>,
 }
 
 impl Seen {
+    /// From now on, the caller says which records changed (from inotify on `members/`): a
+    /// read looks only at those, not at every member's.
+    pub fn watched(&mut self) {
+        self.watched = true;
+    }
+
+    /// Records that changed, as a watch saw them (`None`: it cannot tell, look at all).
+    pub fn note_changes(&mut self, names: Option<std::collections::HashSet<String>>) {
+        match (names, self.maybe_changed.as_mut()) {
+            (Some(names), Some(set)) => set.extend(names),
+            (Some(_), None) => {}
+            (None, _) => self.maybe_changed = None,
+        }
+    }
+
     /// Whether a record changed since the last call.
     pub fn take_records_changed(&mut self) -> bool {
         std::mem::take(&mut self.records_changed)
@@ -561,11 +580,22 @@ pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamCon
         seen.view_cfg = cfg;
         changed = true;
     }
-    let names = record_names(team)?;
     let mut records_changed = false;
-    if seen.records.len() != names.len() || names.iter().any(|n| !seen.records.contains_key(n)) {
-        seen.records.retain(|n, _| names.contains(n));
-        records_changed = true;
+    let names: Vec<String> = match seen.maybe_changed.take() {
+        Some(some) if seen.read_once => some.into_iter().filter(|n| has_record_name(n)).collect(),
+        _ => {
+            let names = record_names(team)?;
+            if seen.records.len() != names.len()
+                || names.iter().any(|n| !seen.records.contains_key(n))
+            {
+                seen.records.retain(|n, _| names.contains(n));
+                records_changed = true;
+            }
+            names
+        }
+    };
+    if seen.watched {
+        seen.maybe_changed = Some(Default::default());
     }
     for name in names {
         let path = record_path(team, &name);
@@ -727,6 +757,42 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn a_watched_reader_reads_the_records_it_is_told_of() {
+        let (_t, team) = team();
+        add(&team, "a");
+        add(&team, "b");
+        let mut seen = Seen::default();
+        seen.watched();
+        assert_eq!(
+            load_if_changed(&team, &mut seen)
+                .unwrap()
+                .unwrap()
+                .members
+                .len(),
+            2
+        );
+        set(&team, "a", |m| m.restarts = 1);
+        set(&team, "b", |m| m.restarts = 2);
+        // Told of a's change only: b's is read once a watch tells of it, or cannot tell.
+        seen.note_changes(Some(["a".to_owned()].into()));
+        let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
+        assert_eq!((cfg.members[0].restarts, cfg.members[1].restarts), (1, 0));
+        assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
+        seen.note_changes(None);
+        let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
+        assert_eq!(cfg.members[1].restarts, 2);
+        // A member that left is noticed by its name.
+        update(&team, |c| {
+            c.members.retain(|m| m.name != "a");
+            Ok(())
+        })
+        .unwrap();
+        seen.note_changes(Some(["a".to_owned()].into()));
+        let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
+        assert_eq!(cfg.members.len(), 1);
     }
 
     #[test]

@@ -15,8 +15,13 @@ pub struct FileWatch {
     inotify: Inotify,
     /// The root (the roster), when watched.
     root: Option<WatchDescriptor>,
+    /// `members/`, when the roster is watched.
+    members: Option<WatchDescriptor>,
     /// Record directories watched.
     dirs: Vec<WatchDescriptor>,
+    /// The members whose records changed since [`FileWatch::take_members`]; `None` when that
+    /// is not known (events were lost).
+    changed_members: std::cell::RefCell<Option<std::collections::HashSet<String>>>,
 }
 
 impl FileWatch {
@@ -27,15 +32,16 @@ impl FileWatch {
         let flags =
             AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CREATE;
         let mut root = None;
+        let mut members = None;
         let mut dirs = Vec::new();
         for w in what {
             match w {
                 Watched::Roster => {
                     root = inotify.add_watch(team.root(), flags).ok();
                     // The members' records (see `super::roster`).
-                    let members = super::roster::members_dir(team);
-                    crate::fsutil::create_dir(&members)?;
-                    dirs.extend(inotify.add_watch(&members, flags));
+                    let members_dir = super::roster::members_dir(team);
+                    crate::fsutil::create_dir(&members_dir)?;
+                    members = inotify.add_watch(&members_dir, flags).ok();
                 }
                 Watched::Requests => dirs.extend(inotify.add_watch(&team.requests_dir(), flags)),
                 Watched::Tasks => dirs.extend(inotify.add_watch(&team.tasks_dir(), flags)),
@@ -44,7 +50,9 @@ impl FileWatch {
         Ok(FileWatch {
             inotify,
             root,
+            members,
             dirs,
+            changed_members: std::cell::RefCell::new(Some(Default::default())),
         })
     }
 
@@ -58,19 +66,36 @@ impl FileWatch {
             if evs.is_empty() {
                 break;
             }
-            changed |= evs.iter().any(|e| {
+            for e in &evs {
                 // Events were lost (the queue overflowed): anything may have changed.
                 if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                    return true;
+                    *self.changed_members.borrow_mut() = None;
+                    changed = true;
+                    continue;
                 }
                 let name = e.name.as_deref().and_then(|n| n.to_str()).unwrap_or("");
                 if Some(e.wd) == self.root {
-                    name == "config.json"
+                    changed |= name == "config.json";
+                } else if Some(e.wd) == self.members {
+                    if let Some(member) = name.strip_suffix(".json")
+                        && !member.starts_with('.')
+                    {
+                        if let Some(set) = self.changed_members.borrow_mut().as_mut() {
+                            set.insert(member.to_owned());
+                        }
+                        changed = true;
+                    }
                 } else {
-                    self.dirs.contains(&e.wd) && name.ends_with(".json")
+                    changed |= self.dirs.contains(&e.wd) && name.ends_with(".json");
                 }
-            });
+            }
         }
         changed
+    }
+
+    /// The members whose records changed since the last call, as far as the events read by
+    /// [`FileWatch::changed`] tell; `None` when that is not known (events were lost).
+    pub fn take_members(&self) -> Option<std::collections::HashSet<String>> {
+        self.changed_members.replace(Some(Default::default()))
     }
 }
