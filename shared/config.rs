@@ -486,6 +486,15 @@ impl Roster {
         self.load()
     }
 
+    /// The team's own fields (its hooks, budget, name), without the members when it can skip
+    /// reading them (a team dir): `members` may be empty or hold everyone; do not look at it.
+    pub fn load_team(&self) -> Result<TeamConfig> {
+        if self.in_files() {
+            return files::load_team(&self.team);
+        }
+        self.load()
+    }
+
     /// The roster if it changed since `seen` was last given to this call, `None` if it did
     /// not: a reader that keeps its copy reads (and parses) only what someone wrote. A file
     /// that does not parse is an error each time it changes.
@@ -587,7 +596,7 @@ impl Roster {
             Some((_, out)) => out,
             None => return self.update(f.take().expect("not run yet")),
         };
-        if !crate::liveness::supervisor_running(&self.team).unwrap_or(false)
+        if !supervisor_named(&self.team)
             && let Err(e) = self.refresh_view()
         {
             tracing::debug!("config.json's view not brought up to date: {e}");
@@ -656,6 +665,18 @@ impl Roster {
         }
         Ok(out.expect("the change ran"))
     }
+}
+
+/// Whether `lead.lock` names a live supervisor (the pid it writes there): it brings the view
+/// in config.json up to date itself. Read without touching the lock, which the supervisor's
+/// start must find free, and in constant time whatever the number of locks on the machine.
+fn supervisor_named(team: &TeamDir) -> bool {
+    std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
+        t.split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(crate::liveness::pid_alive)
+    })
 }
 
 /// A roster change kept until it can be written; applied again on every try.

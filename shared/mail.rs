@@ -24,7 +24,7 @@ pub enum Stopped {
 pub fn send(team: &TeamDir, msg: &Message, stopped: Stopped, durability: Durability) -> Result<()> {
     let to = AgentName::any(&msg.to)?;
     if !to.is_lead() {
-        let cfg = Roster::new(team).load()?;
+        let cfg = Roster::new(team).load_for(to.as_str())?;
         let member = cfg.require(to.as_str())?;
         let refuse = member.status.is_terminal()
             || (stopped == Stopped::Refuse

@@ -729,7 +729,7 @@ impl TaskStore {
 /// supervisor, while one let through would have skipped them.
 fn hooked(team: &TeamDir, event: HookEvent) -> bool {
     crate::config::Roster::new(team)
-        .load()
+        .load_team()
         .map_or(true, |c| crate::hooks::any_for(&c.hooks, event))
 }
 

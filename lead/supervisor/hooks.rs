@@ -79,6 +79,7 @@ impl Hooks {
             stop: stop.clone(),
             sandbox,
             sandboxes: Mutex::new(HashMap::new()),
+            roster: Mutex::new(Default::default()),
         };
         let handle = std::thread::Builder::new()
             .name("hooks".into())
@@ -111,6 +112,9 @@ struct Runner {
     /// Sandboxes prepared for hooks, by member and working dir, with the worktree record each
     /// was prepared for.
     sandboxes: Mutex<SandboxCache>,
+    /// The roster as the last pass read it, and what it read: a pass reads again only the
+    /// members' records the watch saw change.
+    roster: Mutex<(troupe::config::RosterSeen, Option<TeamConfig>)>,
 }
 
 type SandboxCache = HashMap<String, (Option<troupe::worktree::Worktree>, Arc<Sandbox>)>;
@@ -156,6 +160,9 @@ impl Runner {
             .watch(&[Watched::Roster, Watched::Tasks])
             .map_err(|e| tracing::warn!("hooks: {e}; looking once a second instead"))
             .ok();
+        if watch.is_some() {
+            self.roster_seen().0.watched();
+        }
         let mut due = true;
         let mut last_pass: Option<Instant> = None;
         while !self.stopped() {
@@ -187,8 +194,29 @@ impl Runner {
             drop(fds);
             if let Some(w) = &watch {
                 due |= w.changed();
+                self.roster_seen().0.note_changes(w.take_members());
             }
         }
+    }
+
+    fn roster_seen(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (troupe::config::RosterSeen, Option<TeamConfig>)> {
+        self.roster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The roster now, reading only what changed since the last call; `None` while it cannot
+    /// be read (a person's edit of config.json in progress).
+    fn roster_now(&self) -> Option<TeamConfig> {
+        let mut seen = self.roster_seen();
+        let (seen, cfg) = &mut *seen;
+        match Roster::new(&self.team).load_if_changed(seen) {
+            Ok(Some(now)) => *cfg = Some(now),
+            Ok(None) => {}
+            // Read again once it parses (the unparsable view is not taken as seen).
+            Err(_) => *cfg = None,
+        }
+        cfg.clone()
     }
 
     /// Whether this supervisor runs the board's hooks (`task_created`, `task_completed`): on one
@@ -209,7 +237,7 @@ impl Runner {
     /// Runs the hooks of everything marked as waiting for them, oldest first within each kind.
     fn pass(&self) -> anyhow::Result<()> {
         // An unreadable config.json (a person's edit in progress): the marks wait.
-        let Ok(cfg) = Roster::new(&self.team).load() else {
+        let Some(cfg) = self.roster_now() else {
             return Ok(());
         };
         // One read of the board per pass (a pass follows every roster write). What changes

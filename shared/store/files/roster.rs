@@ -212,6 +212,15 @@ pub fn load_for(team: &TeamDir, name: &str) -> Result<TeamConfig> {
     }
 }
 
+/// The team's own fields: from the first line of `config.json` when it can, with no member
+/// then; otherwise the whole roster.
+pub fn load_team(team: &TeamDir) -> Result<TeamConfig> {
+    match read_team_fields(team)? {
+        Some(cfg) => Ok(cfg),
+        None => load(team),
+    }
+}
+
 /// The end of the first line of `config.json` as [`encode_view`] writes it.
 const MEMBERS_OPEN: &str = "\"members\":[\n";
 
@@ -394,9 +403,16 @@ pub fn update_one<R>(
     if !has_record_name(name) {
         return Ok(None);
     }
+    // Shared: who is on the team changes under the exclusive lock only (a removal), and two
+    // changes of this member take turns on its own lock. Exclusive would wait behind every
+    // member's own writes, which keep the shared lock taken on a busy team.
     let config_lock = team.config_lock();
     let cl = fsutil::open_lock(&config_lock)?;
-    let _exclusive = fsutil::lock_exclusive(&cl, &config_lock)?;
+    let _shared = fsutil::lock_shared(&cl, &config_lock)?;
+    fsutil::create_dir(&members_dir(team))?;
+    let lock_path = record_lock(team, name);
+    let lock = fsutil::open_lock(&lock_path)?;
+    let _own = fsutil::lock_exclusive(&lock, &lock_path)?;
     let Some(fields) = read_team_fields(team)? else {
         return Ok(None);
     };
@@ -415,7 +431,6 @@ pub fn update_one<R>(
     };
     if record.as_ref() != Some(&m) {
         m.rev = record.as_ref().map_or(0, |r| r.rev) + 1;
-        fsutil::create_dir(&members_dir(team))?;
         write_record(team, &m, modified(&record_path(team, name)))?;
     }
     Ok(Some((m, out)))
@@ -435,21 +450,62 @@ fn view_lists(team: &TeamDir, name: &str) -> Result<bool> {
     let Some(bytes) = fsutil::read_optional(&team.config())? else {
         return Ok(false);
     };
+    // A name is written as a JSON string: where it is not, it is not listed (and the file is
+    // not parsed, which costs with the team's size).
+    let quoted = format!("\"{name}\"");
+    if memchr::memmem::find(&bytes, quoted.as_bytes()).is_none() {
+        return Ok(false);
+    }
     let names: Names = serde_json::from_slice(&bytes).map_err(|e| Doc::roster(team).corrupt(e))?;
     Ok(names.members.iter().any(|m| m.name == name))
 }
 
 /// Brings the view in `config.json` up to date with the records (and copies a person's edits
-/// into them), under `config.lock` held exclusive. Returns whether it wrote anything. A
+/// into them), with `config.lock` held shared. Returns whether it wrote anything. A
 /// `config.json` that does not parse is left alone (an error).
 pub fn refresh_view(team: &TeamDir) -> Result<bool> {
+    // Shared, beside the members' own writes (exclusive would wait behind them on a busy
+    // team); refreshers take turns on `members/.view.lock`.
     let config_lock = team.config_lock();
     let cl = fsutil::open_lock(&config_lock)?;
-    let _exclusive = fsutil::lock_exclusive(&cl, &config_lock)?;
+    let _shared = fsutil::lock_shared(&cl, &config_lock)?;
+    fsutil::create_dir(&members_dir(team))?;
+    let view_lock = members_dir(team).join(".view.lock");
+    let vl = fsutil::open_lock(&view_lock)?;
+    let _turn = fsutil::lock_exclusive(&vl, &view_lock)?;
     let view = read_view(team)?;
-    let records = read_records(team)?;
-    let now = assemble(view, records.clone());
-    let (_, wrote) = write_all(team, &records, &now, now.clone())?;
+    let mut records = read_records(team)?;
+    let mut wrote = false;
+    // A person's edits go into their records, each under its member's lock.
+    for v in view.iter().flat_map(|v| &v.members) {
+        let Some(r) = records.get(&v.name) else {
+            continue;
+        };
+        if v.rev != r.rev || v == r || !has_record_name(&v.name) {
+            continue;
+        }
+        let lock_path = record_lock(team, &v.name);
+        let lock = fsutil::open_lock(&lock_path)?;
+        let _own = fsutil::lock_exclusive(&lock, &lock_path)?;
+        let Some(now) = read_record(team, &v.name)? else {
+            continue;
+        };
+        if now.rev == v.rev {
+            let mut m = v.clone();
+            m.rev = now.rev + 1;
+            write_record(team, &m, modified(&record_path(team, &m.name)))?;
+            records.insert(m.name.clone(), m);
+            wrote = true;
+        } else {
+            records.insert(now.name.clone(), now);
+        }
+    }
+    let now = assemble(view, records);
+    let bytes = encode_view(&now)?;
+    if fsutil::read_optional(&team.config())?.as_deref() != Some(bytes.as_slice()) {
+        fsutil::atomic_write(&team.config(), &bytes)?;
+        wrote = true;
+    }
     Ok(wrote)
 }
 
