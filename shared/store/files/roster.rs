@@ -9,20 +9,24 @@
 //!   `members/NAME.lock`, taken while `config.lock` is held *shared*: changes of different
 //!   members run side by side and none reads or writes the others.
 //! - **`config.json`** keeps DESIGN.md's format: the team's own fields (which live only there)
-//!   and `members[]`, a view of every record. What changes the team itself, who is on it, or
-//!   several members at once (`lead spawn`, `lead up`, a pass of starts, a team stop) holds
-//!   `config.lock` *exclusive*, reads every record and rewrites the view with its change. One
-//!   member's change leaves the view behind; the supervisor brings it up to date within
-//!   [`VIEW_LAG`] (and when it exits). It is written one member per line after a first line
-//!   with the team's fields, so a reader that wants only those reads one line.
+//!   and `members[]`, a view of every record. What changes the team itself, takes a member
+//!   off, or changes many members at once (`lead up`, a team stop, a pass of many starts)
+//!   holds `config.lock` *exclusive*, reads every record and rewrites the view with its change.
+//!   `lead spawn` changes or adds one member's record ([`update_one`], shared). One member's
+//!   change leaves the view behind; the supervisor brings it up to date within [`VIEW_LAG`]
+//!   (and when it exits), with the lock held shared and refreshers taking turns on
+//!   `members/.view.lock`: on a busy team, members' own writes keep the shared lock taken,
+//!   and flock lets an exclusive waiter wait behind them. The view is written one member per
+//!   line after a first line with the team's fields, so a reader that wants only those reads
+//!   one line.
 //! - **Who is on the team**: every record, and every member of the view without one (a member a
 //!   person added by hand, or a roster of an earlier version: it gets its record at its first
 //!   change). A member leaves (`lead up --prune`) by a rewrite of the view without it, then the
 //!   removal of its record.
 //! - **A person's edit** of a member in `config.json` is an entry that differs from the record at
 //!   the same `rev` (a view entry older than its record is only behind): it wins, and is copied
-//!   into the record by the next exclusive write or view refresh. An edit of an entry the view
-//!   had not caught up with yet is dropped (edit a busy team with `lead up`).
+//!   into the record (under its lock) by the next exclusive write or view refresh. An edit of an
+//!   entry the view had not caught up with yet is dropped (edit a busy team with `lead up`).
 //! - While `config.json` does not parse, nothing that needs it is written (it stays as the person
 //!   left it); members' own changes go on, for they do not touch it.
 
