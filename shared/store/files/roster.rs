@@ -711,11 +711,17 @@ mod tests {
         .unwrap();
     }
 
-    #[test]
-    fn the_view_keeps_designs_shape_and_its_first_line_holds_the_team() {
-        let (_t, team) = team();
+    /// A team of `a` and `b`.
+    fn two() -> (tempfile::TempDir, TeamDir) {
+        let (t, team) = team();
         add(&team, "a");
         add(&team, "b");
+        (t, team)
+    }
+
+    #[test]
+    fn the_view_keeps_designs_shape_and_its_first_line_holds_the_team() {
+        let (_t, team) = two();
         let text = std::fs::read_to_string(team.config()).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["team_name"], "default");
@@ -732,9 +738,7 @@ mod tests {
 
     #[test]
     fn one_members_change_writes_its_record_only_and_the_view_catches_up() {
-        let (_t, team) = team();
-        add(&team, "a");
-        add(&team, "b");
+        let (_t, team) = two();
         let view = std::fs::read(team.config()).unwrap();
         let b_record = std::fs::read(record_path(&team, "b")).unwrap();
         let w = set(&team, "a", |m| m.status = MemberStatus::Idle);
@@ -821,9 +825,7 @@ mod tests {
 
     #[test]
     fn a_watched_reader_reads_the_records_it_is_told_of() {
-        let (_t, team) = team();
-        add(&team, "a");
-        add(&team, "b");
+        let (_t, team) = two();
         let mut seen = Seen::default();
         seen.watched();
         assert_eq!(
