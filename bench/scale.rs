@@ -125,7 +125,7 @@ fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Res
     let work = root.join("work");
     fsutil::create_dir(&work)?;
     let cassette = root.join("bench.cassette.jsonl");
-    team::write_cassette(&cassette, n)?;
+    team::write_cassette(&cassette)?;
     let mut args = vec!["--workdir".to_owned(), work.display().to_string()];
     if lead::supports_restart_delay(lead) {
         args.extend(["--restart-delay".to_owned(), a.restart_delay.to_string()]);

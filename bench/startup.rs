@@ -38,7 +38,7 @@ pub fn worker_startup(a: &BenchArgs, lead: &Path, scratch: &Path) -> anyhow::Res
         );
     }
     let cassette = scratch.join("startup.cassette.jsonl");
-    team::write_cassette(&cassette, a.workers)?;
+    team::write_cassette(&cassette)?;
     let names: Vec<String> = (0..a.workers).map(team::member_name).collect();
     let mut out = json!({
         "measured": "as spawn_100, one team per row, each under its own supervisor; spawn_to_idle_ms is the p50 of each member's spawn call -> idle",

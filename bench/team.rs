@@ -46,28 +46,28 @@ pub fn member_name(i: usize) -> String {
 
 /// The cassette of the team bench: each member's first call answers with a short text (so it
 /// goes idle), its second approves the shutdown request it was shown.
-pub fn write_cassette(path: &Path, workers: usize) -> anyhow::Result<()> {
+pub fn write_cassette(path: &Path) -> anyhow::Result<()> {
+    // Entries of any agent (`*`): two lines whatever the team's size, so that no worker parses
+    // a line per member when it starts (which would make the start cost grow with the team).
+    let agent = troupe::llm::replay::ANY_AGENT;
+    let ready = json!({"agent": agent, "seq": 0, "response": {
+        "content": [{"type": "text", "text": "Ready."}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "model": "bench-cassette",
+    }});
+    let approve = json!({"agent": agent, "seq": 1, "response": {
+        "content": [{"type": "tool_use", "id": "toolu_bench",
+            "name": "shutdown_response",
+            "input": {"request_id": "{{request_id}}", "approve": true}}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "model": "bench-cassette",
+    }});
     let mut text = String::new();
-    for i in 0..workers {
-        let agent = member_name(i);
-        let ready = json!({"agent": agent, "seq": 0, "response": {
-            "content": [{"type": "text", "text": "Ready."}],
-            "stop_reason": "end_turn",
-            "usage": {"input_tokens": 0, "output_tokens": 0},
-            "model": "bench-cassette",
-        }});
-        let approve = json!({"agent": agent, "seq": 1, "response": {
-            "content": [{"type": "tool_use", "id": format!("toolu_bench_{i}"),
-                "name": "shutdown_response",
-                "input": {"request_id": "{{request_id}}", "approve": true}}],
-            "stop_reason": "tool_use",
-            "usage": {"input_tokens": 0, "output_tokens": 0},
-            "model": "bench-cassette",
-        }});
-        for e in [ready, approve] {
-            text.push_str(&serde_json::to_string(&e)?);
-            text.push('\n');
-        }
+    for e in [ready, approve] {
+        text.push_str(&serde_json::to_string(&e)?);
+        text.push('\n');
     }
     std::fs::write(path, text).with_context(|| format!("failed to write {}", path.display()))
 }
@@ -209,7 +209,7 @@ fn team_bench(
     let work = scratch.join("work");
     troupe::fsutil::create_dir(&work)?;
     let cassette = scratch.join("bench.cassette.jsonl");
-    write_cassette(&cassette, a.workers)?;
+    write_cassette(&cassette)?;
     let mut args = vec!["--workdir".to_owned(), work.display().to_string()];
     let delay_flag = lead::supports_restart_delay(lead);
     if delay_flag {
@@ -286,6 +286,14 @@ pub fn spawn_phase(
     let roster = Roster::new(team);
     eprintln!("{label}: spawning {} workers", names.len());
     let rewrites = RewriteCount::new(team.root());
+    // The roster is read as the supervisor reads it: only the members' records that changed
+    // (a whole read of hundreds of records every few ms would take the CPU the team needs).
+    let records = team.store().watch(&[troupe::store::Watched::Roster]).ok();
+    let mut seen = troupe::config::RosterSeen::default();
+    if records.is_some() {
+        seen.watched();
+    }
+    let mut last = troupe::config::TeamConfig::default();
     let t0 = Instant::now();
     let mut idle_at: HashMap<String, Duration> = HashMap::new();
     // Spawn from a second thread while this one watches the roster, so early members' idle
@@ -307,7 +315,14 @@ pub fn spawn_phase(
             || {
                 // Asked before the load: a spawner done by then left every member it made in it.
                 let spawner_done = spawner.is_finished();
-                let cfg = roster.load()?;
+                if let Some(w) = &records {
+                    w.changed();
+                    seen.note_changes(w.take_members());
+                }
+                if let Some(now) = roster.load_if_changed(&mut seen)? {
+                    last = now;
+                }
+                let cfg = &last;
                 let now = t0.elapsed();
                 for m in &cfg.members {
                     if m.status == MemberStatus::Failed {
@@ -320,7 +335,7 @@ pub fn spawn_phase(
                 if spawner_done && cfg.members.len() < names.len() {
                     bail!("spawning stopped after {} members", cfg.members.len());
                 }
-                Ok((idle_at.len() == names.len()).then_some(cfg))
+                Ok((idle_at.len() == names.len()).then(|| cfg.clone()))
             },
         );
         let spawned = spawner

@@ -33,6 +33,12 @@
 //! served twice (a restarted worker redoing a call) is answered at once and not appended again.
 //! Entries without a turn, and every entry when no progress file is set, are answered at once.
 //!
+//! # Any agent
+//!
+//! An entry of agent `*` answers call `seq` of every agent that has no entry of its own for it:
+//! one cassette, of constant size, for a team of any size (`troupe-bench` plays its teams of
+//! hundreds with two such lines, so that no worker parses a line per member at start).
+//!
 //! # The `{{request_id}}` placeholder
 //!
 //! Protocol request ids (8 lowercase hex characters) are random, so the id a recorded tool call
@@ -81,6 +87,9 @@ pub const REQUEST_ID_PLACEHOLDER: &str = "{{request_id}}";
 
 /// The text a recorded tool call input holds where the live call named the newest task id.
 pub const TASK_ID_PLACEHOLDER: &str = "{{task_id}}";
+
+/// The agent of entries that answer any agent's call (see the module's doc).
+pub const ANY_AGENT: &str = "*";
 
 /// How long an ordered replay waits for earlier turns by default (`TROUPE_REPLAY_WAIT_SECS`).
 pub const DEFAULT_REPLAY_WAIT: Duration = Duration::from_secs(60);
@@ -328,6 +337,7 @@ impl Provider for ReplayProvider {
         let recorded = self
             .responses
             .get(&(req.agent.clone(), req.seq))
+            .or_else(|| self.responses.get(&(ANY_AGENT.to_owned(), req.seq)))
             .ok_or_else(|| LlmError::CassetteExhausted {
                 agent: req.agent.clone(),
                 seq: req.seq,
@@ -757,6 +767,27 @@ mod tests {
         }
         let parsed: ReplayProvider = text.parse().expect("FromStr");
         assert_eq!(parsed.len(), 3);
+    }
+
+    #[test]
+    fn an_entry_of_any_agent_answers_those_without_their_own() {
+        let text = r#"{"agent":"*","seq":0,"response":{"content":[{"type":"text","text":"any"}],"stop_reason":"end_turn"}}
+{"agent":"alice","seq":0,"response":{"content":[{"type":"text","text":"own"}],"stop_reason":"end_turn"}}
+"#;
+        let replay = ReplayProvider::from_str(text).expect("parses");
+        let text_of = |r: ChatResponse| match &r.content[0] {
+            Block::Text { text } => text.clone(),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(
+            text_of(replay.complete(&request("alice", 0)).unwrap()),
+            "own"
+        );
+        assert_eq!(text_of(replay.complete(&request("zed", 0)).unwrap()), "any");
+        assert!(matches!(
+            replay.complete(&request("zed", 1)),
+            Err(LlmError::CassetteExhausted { .. })
+        ));
     }
 
     #[test]
