@@ -581,6 +581,8 @@ pub struct Seen {
     watched: bool,
     /// The records that may have changed since the last read; `None`: any of them.
     maybe_changed: Option<std::collections::HashSet<String>>,
+    /// The roster as the last read assembled it.
+    assembled: Option<TeamConfig>,
 }
 
 impl Seen {
@@ -627,7 +629,9 @@ fn stamp(path: &Path) -> Option<RecordStamp> {
 /// (only what changed is read and parsed), `None` if nothing did.
 pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamConfig>> {
     let doc = Doc::roster(team);
-    let mut changed = !seen.read_once;
+    // Whether the roster must be assembled whole again (the view changed, a member left, the
+    // first read); otherwise the members whose records changed are replaced in the last one.
+    let mut whole = !seen.read_once || seen.assembled.is_none();
     if let Some(bytes) = doc.read_if_changed(&mut seen.view)? {
         let cfg = match bytes {
             None => None,
@@ -638,9 +642,8 @@ pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamCon
             })?),
         };
         seen.view_cfg = cfg;
-        changed = true;
+        whole = true;
     }
-    let mut records_changed = false;
     let names: Vec<String> = match seen.maybe_changed.take() {
         Some(some) if seen.read_once => some.into_iter().filter(|n| has_record_name(n)).collect(),
         _ => {
@@ -649,7 +652,8 @@ pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamCon
                 || names.iter().any(|n| !seen.records.contains_key(n))
             {
                 seen.records.retain(|n, _| names.contains(n));
-                records_changed = true;
+                seen.records_changed = true;
+                whole = true;
             }
             names
         }
@@ -657,32 +661,50 @@ pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamCon
     if seen.watched {
         seen.maybe_changed = Some(Default::default());
     }
+    let mut changed_names = Vec::new();
     for name in names {
         let path = record_path(team, &name);
         let Some(st) = stamp(&path) else {
-            records_changed |= seen.records.remove(&name).is_some();
+            if seen.records.remove(&name).is_some() {
+                seen.records_changed = true;
+                whole = true;
+            }
             continue;
         };
         if seen.records.get(&name).is_some_and(|(s, _)| *s == st) {
             continue;
         }
         if let Some(m) = read_record(team, &name)? {
-            seen.records.insert(name, (st, m));
-            records_changed = true;
+            seen.records.insert(name.clone(), (st, m));
+            seen.records_changed = true;
+            changed_names.push(name);
         }
     }
     seen.read_once = true;
-    seen.records_changed |= records_changed;
-    changed |= records_changed;
-    if !changed {
+    if whole {
+        let records = seen
+            .records
+            .iter()
+            .map(|(n, (_, m))| (n.clone(), m.clone()))
+            .collect();
+        seen.assembled = Some(assemble(seen.view_cfg.clone(), records));
+    } else if changed_names.is_empty() {
         return Ok(None);
+    } else if let Some(cfg) = seen.assembled.as_mut() {
+        for name in changed_names {
+            let view = seen.view_cfg.as_ref().and_then(|v| v.member(&name));
+            let record = seen.records.get(&name).map(|(_, m)| m.clone());
+            let Some(m) = merge(view, record) else {
+                continue;
+            };
+            match cfg.members.iter_mut().find(|x| x.name == name) {
+                Some(slot) => *slot = m,
+                // New since the last read: after the others, as [`assemble`] puts it.
+                None => cfg.members.push(m),
+            }
+        }
     }
-    let records = seen
-        .records
-        .iter()
-        .map(|(n, (_, m))| (n.clone(), m.clone()))
-        .collect();
-    Ok(Some(assemble(seen.view_cfg.clone(), records)))
+    Ok(seen.assembled.clone())
 }
 
 #[cfg(test)]
