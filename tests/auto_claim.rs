@@ -260,10 +260,14 @@ fn run_board(kill_a_claimer: bool) {
             continue;
         }
         assert_eq!(claims.len(), 1, "task {id} claimed {} times", claims.len());
+        // When the blocker completed is its `completed_at`, stamped under its lock before the
+        // write a claimer reads: its `task_updated` event is appended after that write, and
+        // may land after the claim's own event.
         for b in &t.blocked_by {
-            let done = at("task_updated", b);
+            let blocker = store.get(b).unwrap();
             assert!(
-                !done.is_empty() && done[0] <= claims[0],
+                !at("task_updated", b).is_empty()
+                    && blocker.completed_at.is_some_and(|done| done <= claims[0]),
                 "task {id} was claimed before its blocker {b} completed"
             );
         }
