@@ -509,6 +509,24 @@ impl Roster {
         }
     }
 
+    /// Brings `cfg`, the roster as `seen` last left it (empty the first time), up to date,
+    /// reading only what changed; returns whether anything did. In a team dir, only the members
+    /// whose records changed are replaced in it (see [`files::load_into`]); on a bus, it is
+    /// replaced whole when the roster changed. On an error `cfg` keeps what it had (in a team
+    /// dir, with the members read before the error brought up to date).
+    pub fn load_into(&self, seen: &mut RosterSeen, cfg: &mut TeamConfig) -> Result<bool> {
+        if self.in_files() {
+            return files::load_into(&self.team, &mut seen.files, cfg);
+        }
+        match self.load_if_changed(seen)? {
+            Some(now) => {
+                *cfg = now;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Brings `config.json`'s view of the members up to date with their records (a no-op on
     /// a bus). Returns whether it wrote anything.
     pub fn refresh_view(&self) -> Result<bool> {

@@ -493,22 +493,27 @@ impl Supervisor {
         // What changed up to now (a worker's last write before it exited among them: inotify
         // queues the event before the rename returns).
         self.watch_saw |= self.look_at_watch();
-        match self.roster.load_if_changed(&mut self.seen) {
-            Ok(None) => {
+        // Brought up to date in place: a change costs what changed, not the team's size.
+        let mut cfg = std::mem::take(&mut self.view);
+        let read = self.roster.load_into(&mut self.seen, &mut cfg);
+        if matches!(read, Ok(true)) {
+            if self.seen.take_records_changed() && self.view_due.is_none() {
+                self.view_due = Some(Instant::now() + troupe::store::files::roster::VIEW_LAG);
+            }
+            if let Some(was) = self.config_error.take() {
+                tracing::info!("config.json parses again (it did not: {was})");
+                events::log(&self.team, "config_readable", json!({}));
+            }
+            self.place(&mut cfg);
+        }
+        self.view = cfg;
+        match read {
+            Ok(false) => {
                 if self.config_error.is_none() && self.writer.is_pending() && self.writer.flush() {
                     self.refresh();
                 }
             }
-            Ok(Some(mut cfg)) => {
-                if self.seen.take_records_changed() && self.view_due.is_none() {
-                    self.view_due = Some(Instant::now() + troupe::store::files::roster::VIEW_LAG);
-                }
-                if let Some(was) = self.config_error.take() {
-                    tracing::info!("config.json parses again (it did not: {was})");
-                    events::log(&self.team, "config_readable", json!({}));
-                }
-                self.place(&mut cfg);
-                self.view = cfg;
+            Ok(true) => {
                 if self.writer.is_pending() && self.writer.flush() {
                     self.refresh();
                 }

@@ -628,12 +628,26 @@ fn stamp(path: &Path) -> Option<RecordStamp> {
 /// The roster if the view or any record changed since `seen` was last given to this call
 /// (only what changed is read and parsed), `None` if nothing did.
 pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamConfig>> {
+    let mut cfg = seen.assembled.take().unwrap_or_default();
+    let changed = load_into(team, seen, &mut cfg);
+    let out = match changed {
+        Ok(true) => Ok(Some(cfg.clone())),
+        Ok(false) => Ok(None),
+        Err(e) => Err(e),
+    };
+    seen.assembled = Some(cfg);
+    out
+}
+
+/// Brings `cfg`, the roster as this `seen` last left it (empty the first time), up to date:
+/// the members whose records changed are replaced in it, and it is assembled whole again only
+/// when the view changed or a member left. Returns whether anything changed. A reader that
+/// keeps its roster (the supervisor) pays for what changed, not for the team's size.
+pub fn load_into(team: &TeamDir, seen: &mut Seen, cfg: &mut TeamConfig) -> Result<bool> {
     let doc = Doc::roster(team);
-    // Whether the roster must be assembled whole again (the view changed, a member left, the
-    // first read); otherwise the members whose records changed are replaced in the last one.
-    let mut whole = !seen.read_once || seen.assembled.is_none();
+    let mut whole = !seen.read_once;
     if let Some(bytes) = doc.read_if_changed(&mut seen.view)? {
-        let cfg = match bytes {
+        let view = match bytes {
             None => None,
             Some(b) => Some(serde_json::from_slice(&b).map_err(|e| {
                 // Read again next time: the person may fix it.
@@ -641,7 +655,7 @@ pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamCon
                 doc.corrupt(e)
             })?),
         };
-        seen.view_cfg = cfg;
+        seen.view_cfg = view;
         whole = true;
     }
     let names: Vec<String> = match seen.maybe_changed.take() {
@@ -687,24 +701,22 @@ pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamCon
             .iter()
             .map(|(n, (_, m))| (n.clone(), m.clone()))
             .collect();
-        seen.assembled = Some(assemble(seen.view_cfg.clone(), records));
-    } else if changed_names.is_empty() {
-        return Ok(None);
-    } else if let Some(cfg) = seen.assembled.as_mut() {
-        for name in changed_names {
-            let view = seen.view_cfg.as_ref().and_then(|v| v.member(&name));
-            let record = seen.records.get(&name).map(|(_, m)| m.clone());
-            let Some(m) = merge(view, record) else {
-                continue;
-            };
-            match cfg.members.iter_mut().find(|x| x.name == name) {
-                Some(slot) => *slot = m,
-                // New since the last read: after the others, as [`assemble`] puts it.
-                None => cfg.members.push(m),
-            }
+        *cfg = assemble(seen.view_cfg.clone(), records);
+        return Ok(true);
+    }
+    for name in &changed_names {
+        let view = seen.view_cfg.as_ref().and_then(|v| v.member(name));
+        let record = seen.records.get(name).map(|(_, m)| m.clone());
+        let Some(m) = merge(view, record) else {
+            continue;
+        };
+        match cfg.members.iter_mut().find(|x| x.name == *name) {
+            Some(slot) => *slot = m,
+            // New since the last read: after the others, as [`assemble`] puts it.
+            None => cfg.members.push(m),
         }
     }
-    Ok(seen.assembled.clone())
+    Ok(!changed_names.is_empty())
 }
 
 #[cfg(test)]
