@@ -313,6 +313,17 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
 /// the directory. Readers see the old or the new content, never a mix; after return the new
 /// content survives a crash. Callers serialize writers with a sidecar lock.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
+    atomic_write_after(path, bytes, None)
+}
+
+/// [`atomic_write`], giving the new file a modification time later than `after` (the
+/// replaced file's): a reader that compares times then never takes the new file for the one
+/// it read, even when both are written within one tick of the clock.
+pub fn atomic_write_after(
+    path: &Path,
+    bytes: &[u8],
+    after: Option<std::time::SystemTime>,
+) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -331,6 +342,16 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
             .open(&tmp)
             .map_err(Error::io("create temp file", &tmp))?;
         f.write_all(bytes).map_err(Error::io("write", &tmp))?;
+        if let Some(after) = after {
+            let now = std::time::SystemTime::now();
+            let mtime = if after >= now {
+                after + std::time::Duration::from_micros(1)
+            } else {
+                now
+            };
+            f.set_modified(mtime)
+                .map_err(Error::io("set the time of", &tmp))?;
+        }
         retry_eintr(|| f.sync_all()).map_err(Error::io("fsync", &tmp))?;
         fs::rename(&tmp, path).map_err(Error::io("rename into place", path))?;
         fsync_dir(dir)

@@ -31,8 +31,7 @@
 //!   left it); members' own changes go on, for they do not touch it.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -260,45 +259,14 @@ pub(crate) fn encode_view(cfg: &TeamConfig) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Durably replaces member `m`'s record (temp file, fsync, rename, fsync of `members/`). Its
-/// modification time is past the replaced one's, so a reader that compares times never takes
-/// a new record for the one it read.
+/// Durably replaces member `m`'s record (see [`fsutil::atomic_write_after`]): its modification
+/// time is past the replaced one's, `before`, so a reader that compares times never takes a
+/// new record for the one it read.
 fn write_record(team: &TeamDir, m: &Member, before: Option<SystemTime>) -> Result<()> {
-    let dir = members_dir(team);
-    fsutil::create_dir(&dir)?;
-    let path = record_path(team, &m.name);
     let mut bytes = serde_json::to_vec_pretty(m)
         .map_err(|e| Error::Protocol(format!("failed to serialize {}: {e}", m.name)))?;
     bytes.push(b'\n');
-    let tmp = dir.join(format!(
-        ".{}.json.tmp.{}.{}",
-        m.name,
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(Error::io("create temp file", &tmp))?;
-        f.write_all(&bytes).map_err(Error::io("write", &tmp))?;
-        let now = SystemTime::now();
-        let mtime = match before {
-            Some(b) if b >= now => b + Duration::from_micros(1),
-            _ => now,
-        };
-        f.set_modified(mtime)
-            .map_err(Error::io("set the time of", &tmp))?;
-        f.sync_all().map_err(Error::io("fsync", &tmp))?;
-        std::fs::rename(&tmp, &path).map_err(Error::io("rename into place", &path))?;
-        fsutil::fsync_dir(&dir)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    fsutil::atomic_write_after(&record_path(team, &m.name), &bytes, before)
 }
 
 fn modified(path: &Path) -> Option<SystemTime> {
@@ -345,9 +313,7 @@ pub fn update_member(
         TeamConfig::default()
     };
     fsutil::create_dir(&members_dir(team))?;
-    let lock_path = record_lock(team, name);
-    let lock = fsutil::open_lock(&lock_path)?;
-    let _own = fsutil::lock_exclusive(&lock, &lock_path)?;
+    let _own = fsutil::HeldLock::acquire(&record_lock(team, name))?;
     let path = record_path(team, name);
     let before_time = modified(&path);
     let base = match read_record(team, name)? {
@@ -414,9 +380,7 @@ pub fn update_one<R>(
     let cl = fsutil::open_lock(&config_lock)?;
     let _shared = fsutil::lock_shared(&cl, &config_lock)?;
     fsutil::create_dir(&members_dir(team))?;
-    let lock_path = record_lock(team, name);
-    let lock = fsutil::open_lock(&lock_path)?;
-    let _own = fsutil::lock_exclusive(&lock, &lock_path)?;
+    let _own = fsutil::HeldLock::acquire(&record_lock(team, name))?;
     let Some(fields) = read_team_fields(team)? else {
         return Ok(None);
     };
@@ -474,9 +438,7 @@ pub fn refresh_view(team: &TeamDir) -> Result<bool> {
     let cl = fsutil::open_lock(&config_lock)?;
     let _shared = fsutil::lock_shared(&cl, &config_lock)?;
     fsutil::create_dir(&members_dir(team))?;
-    let view_lock = members_dir(team).join(".view.lock");
-    let vl = fsutil::open_lock(&view_lock)?;
-    let _turn = fsutil::lock_exclusive(&vl, &view_lock)?;
+    let _turn = fsutil::HeldLock::acquire(&members_dir(team).join(".view.lock"))?;
     let view = read_view(team)?;
     let mut records = read_records(team)?;
     let mut wrote = false;
@@ -488,9 +450,7 @@ pub fn refresh_view(team: &TeamDir) -> Result<bool> {
         if v.rev != r.rev || v == r || !has_record_name(&v.name) {
             continue;
         }
-        let lock_path = record_lock(team, &v.name);
-        let lock = fsutil::open_lock(&lock_path)?;
-        let _own = fsutil::lock_exclusive(&lock, &lock_path)?;
+        let _own = fsutil::HeldLock::acquire(&record_lock(team, &v.name))?;
         let Some(now) = read_record(team, &v.name)? else {
             continue;
         };
@@ -523,6 +483,7 @@ fn write_all(
     mut after: TeamConfig,
 ) -> Result<(TeamConfig, bool)> {
     let mut wrote = false;
+    fsutil::create_dir(&members_dir(team))?;
     for m in after.members.iter_mut() {
         if !has_record_name(&m.name) {
             // Kept in the view alone.
