@@ -319,9 +319,7 @@ pub fn spawn_phase(
                     w.changed();
                     seen.note_changes(w.take_members());
                 }
-                if let Some(now) = roster.load_if_changed(&mut seen)? {
-                    last = now;
-                }
+                roster.load_into(&mut seen, &mut last)?;
                 let cfg = &last;
                 let now = t0.elapsed();
                 for m in &cfg.members {

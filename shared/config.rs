@@ -408,7 +408,7 @@ pub struct Roster {
     team: TeamDir,
 }
 
-/// What [`Roster::load_if_changed`] last read.
+/// What [`Roster::load_into`] last read.
 #[derive(Debug, Default)]
 pub struct RosterSeen {
     files: crate::store::files::roster::Seen,
@@ -495,20 +495,6 @@ impl Roster {
         self.load()
     }
 
-    /// The roster if it changed since `seen` was last given to this call, `None` if it did
-    /// not: a reader that keeps its copy reads (and parses) only what someone wrote. A file
-    /// that does not parse is an error each time it changes.
-    pub fn load_if_changed(&self, seen: &mut RosterSeen) -> Result<Option<TeamConfig>> {
-        if self.in_files() {
-            return files::load_if_changed(&self.team, &mut seen.files);
-        }
-        let doc = self.doc();
-        match doc.read_if_changed(&mut seen.doc)? {
-            Some(bytes) => parse(&doc, bytes.as_deref()).map(Some),
-            None => Ok(None),
-        }
-    }
-
     /// Brings `cfg`, the roster as `seen` last left it (empty the first time), up to date,
     /// reading only what changed; returns whether anything did. In a team dir, only the members
     /// whose records changed are replaced in it (see [`files::load_into`]); on a bus, it is
@@ -518,9 +504,10 @@ impl Roster {
         if self.in_files() {
             return files::load_into(&self.team, &mut seen.files, cfg);
         }
-        match self.load_if_changed(seen)? {
-            Some(now) => {
-                *cfg = now;
+        let doc = self.doc();
+        match doc.read_if_changed(&mut seen.doc)? {
+            Some(bytes) => {
+                *cfg = parse(&doc, bytes.as_deref())?;
                 Ok(true)
             }
             None => Ok(false),

@@ -114,7 +114,7 @@ struct Runner {
     sandboxes: Mutex<SandboxCache>,
     /// The roster as the last pass read it, and what it read: a pass reads again only the
     /// members' records the watch saw change.
-    roster: Mutex<(troupe::config::RosterSeen, Option<TeamConfig>)>,
+    roster: Mutex<(troupe::config::RosterSeen, TeamConfig)>,
 }
 
 type SandboxCache = HashMap<String, (Option<troupe::worktree::Worktree>, Arc<Sandbox>)>;
@@ -199,24 +199,20 @@ impl Runner {
         }
     }
 
-    fn roster_seen(
-        &self,
-    ) -> std::sync::MutexGuard<'_, (troupe::config::RosterSeen, Option<TeamConfig>)> {
+    fn roster_seen(&self) -> std::sync::MutexGuard<'_, (troupe::config::RosterSeen, TeamConfig)> {
         self.roster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The roster now, reading only what changed since the last call; `None` while it cannot
     /// be read (a person's edit of config.json in progress).
     fn roster_now(&self) -> Option<TeamConfig> {
-        let mut seen = self.roster_seen();
-        let (seen, cfg) = &mut *seen;
-        match Roster::new(&self.team).load_if_changed(seen) {
-            Ok(Some(now)) => *cfg = Some(now),
-            Ok(None) => {}
-            // Read again once it parses (the unparsable view is not taken as seen).
-            Err(_) => *cfg = None,
-        }
-        cfg.clone()
+        let mut kept = self.roster_seen();
+        let (seen, cfg) = &mut *kept;
+        // Read again once it parses: the unparsable view is not taken as seen.
+        Roster::new(&self.team)
+            .load_into(seen, cfg)
+            .ok()
+            .map(|_| cfg.clone())
     }
 
     /// Whether this supervisor runs the board's hooks (`task_created`, `task_completed`): on one

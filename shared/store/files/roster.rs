@@ -530,7 +530,7 @@ fn write_all(
     Ok((after, wrote))
 }
 
-/// What [`load_if_changed`] last read: the view's bytes, and each record's time and size.
+/// What [`load_into`] last read: the view's bytes, and each record's time and size.
 #[derive(Debug, Default)]
 pub struct Seen {
     view: crate::doc::Seen,
@@ -542,8 +542,6 @@ pub struct Seen {
     watched: bool,
     /// The records that may have changed since the last read; `None`: any of them.
     maybe_changed: Option<std::collections::HashSet<String>>,
-    /// The roster as the last read assembled it.
-    assembled: Option<TeamConfig>,
 }
 
 impl Seen {
@@ -584,20 +582,6 @@ fn stamp(path: &Path) -> Option<RecordStamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some(RecordStamp(m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
-}
-
-/// The roster if the view or any record changed since `seen` was last given to this call
-/// (only what changed is read and parsed), `None` if nothing did.
-pub fn load_if_changed(team: &TeamDir, seen: &mut Seen) -> Result<Option<TeamConfig>> {
-    let mut cfg = seen.assembled.take().unwrap_or_default();
-    let changed = load_into(team, seen, &mut cfg);
-    let out = match changed {
-        Ok(true) => Ok(Some(cfg.clone())),
-        Ok(false) => Ok(None),
-        Err(e) => Err(e),
-    };
-    seen.assembled = Some(cfg);
-    out
 }
 
 /// Brings `cfg`, the roster as this `seen` last left it (empty the first time), up to date:
@@ -689,6 +673,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let team = TeamDir::create(tmp.path().join(".team")).unwrap();
         (tmp, team)
+    }
+
+    /// The roster a reader keeping `cfg` sees if something changed, `None` if nothing did.
+    fn look(team: &TeamDir, seen: &mut Seen, cfg: &mut TeamConfig) -> Result<Option<TeamConfig>> {
+        Ok(load_into(team, seen, cfg)?.then(|| cfg.clone()))
     }
 
     fn set(team: &TeamDir, name: &str, f: impl Fn(&mut Member)) -> MemberWrite {
@@ -798,18 +787,19 @@ mod tests {
         let (_t, team) = team();
         add(&team, "a");
         let mut seen = Seen::default();
-        assert!(load_if_changed(&team, &mut seen).unwrap().is_some());
-        assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
+        let mut kept = TeamConfig::default();
+        assert!(look(&team, &mut seen, &mut kept).unwrap().is_some());
+        assert!(look(&team, &mut seen, &mut kept).unwrap().is_none());
         // Two writes within one clock tick are still two changes.
         for n in 1..4 {
             set(&team, "a", |m| m.restarts = n);
-            let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
-            assert_eq!(cfg.members[0].restarts, n);
+            let now = look(&team, &mut seen, &mut kept).unwrap().unwrap();
+            assert_eq!(now.members[0].restarts, n);
         }
-        assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
+        assert!(look(&team, &mut seen, &mut kept).unwrap().is_none());
         add(&team, "b");
         assert_eq!(
-            load_if_changed(&team, &mut seen)
+            look(&team, &mut seen, &mut kept)
                 .unwrap()
                 .unwrap()
                 .members
@@ -822,9 +812,10 @@ mod tests {
     fn a_watched_reader_reads_the_records_it_is_told_of() {
         let (_t, team) = two();
         let mut seen = Seen::default();
+        let mut kept = TeamConfig::default();
         seen.watched();
         assert_eq!(
-            load_if_changed(&team, &mut seen)
+            look(&team, &mut seen, &mut kept)
                 .unwrap()
                 .unwrap()
                 .members
@@ -835,12 +826,12 @@ mod tests {
         set(&team, "b", |m| m.restarts = 2);
         // Told of a's change only: b's is read once a watch tells of it, or cannot tell.
         seen.note_changes(Some(["a".to_owned()].into()));
-        let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
-        assert_eq!((cfg.members[0].restarts, cfg.members[1].restarts), (1, 0));
-        assert!(load_if_changed(&team, &mut seen).unwrap().is_none());
+        let now = look(&team, &mut seen, &mut kept).unwrap().unwrap();
+        assert_eq!((now.members[0].restarts, now.members[1].restarts), (1, 0));
+        assert!(look(&team, &mut seen, &mut kept).unwrap().is_none());
         seen.note_changes(None);
-        let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
-        assert_eq!(cfg.members[1].restarts, 2);
+        let now = look(&team, &mut seen, &mut kept).unwrap().unwrap();
+        assert_eq!(now.members[1].restarts, 2);
         // A member that left is noticed by its name.
         update(&team, |c| {
             c.members.retain(|m| m.name != "a");
@@ -848,8 +839,8 @@ mod tests {
         })
         .unwrap();
         seen.note_changes(Some(["a".to_owned()].into()));
-        let cfg = load_if_changed(&team, &mut seen).unwrap().unwrap();
-        assert_eq!(cfg.members.len(), 1);
+        let now = look(&team, &mut seen, &mut kept).unwrap().unwrap();
+        assert_eq!(now.members.len(), 1);
     }
 
     #[test]
