@@ -601,7 +601,7 @@ impl Roster {
             Some((_, out)) => out,
             None => return self.update(f.take().expect("not run yet")),
         };
-        if !supervisor_named(&self.team)
+        if !crate::liveness::supervisor_named(&self.team)
             && let Err(e) = self.refresh_view()
         {
             tracing::debug!("config.json's view not brought up to date: {e}");
@@ -670,18 +670,6 @@ impl Roster {
         }
         Ok(out.expect("the change ran"))
     }
-}
-
-/// Whether `lead.lock` names a live supervisor (the pid it writes there): it brings the view
-/// in config.json up to date itself. Read without touching the lock, which the supervisor's
-/// start must find free, and in constant time whatever the number of locks on the machine.
-fn supervisor_named(team: &TeamDir) -> bool {
-    std::fs::read_to_string(team.lead_lock()).is_ok_and(|t| {
-        t.split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<u32>().ok())
-            .is_some_and(crate::liveness::pid_alive)
-    })
 }
 
 /// A roster change kept until it can be written; applied again on every try.

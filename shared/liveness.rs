@@ -121,6 +121,23 @@ pub fn supervisor_running(team: &crate::TeamDir) -> crate::Result<bool> {
         .is_some_and(|hosts| !hosts.is_empty()))
 }
 
+/// The pid `lead.lock` names (its supervisor writes it there), if it names one.
+pub fn lead_lock_pid(team: &crate::TeamDir) -> Option<u32> {
+    std::fs::read_to_string(team.lead_lock())
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether `lead.lock` names a live supervisor, read without touching the lock (which a
+/// starting supervisor must find free) and in constant time, whatever the number of locks on
+/// the machine.
+pub fn supervisor_named(team: &crate::TeamDir) -> bool {
+    lead_lock_pid(team).is_some_and(pid_alive)
+}
+
 /// Whether the supervisor `pid` says in `lead.lock` that it is ready: it holds the lock and has
 /// started every member that should run (it writes `PID ready` then; `PID` alone before).
 pub fn supervisor_ready(team: &crate::TeamDir, pid: u32) -> bool {

@@ -86,22 +86,13 @@ impl Supervisor {
         // records alone; many at once (a team resumed) one change of the whole roster.
         let bumped = if bump.len() <= FEW_STARTS {
             let mut out = HashMap::new();
-            let mut failed = None;
-            for name in &bump {
-                match self.roster.write_member(name, false, &mut |one| {
-                    out.extend(bump_all(one));
-                }) {
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            match failed {
-                Some(e) => Err(e),
-                None => Ok(out),
-            }
+            bump.iter()
+                .try_for_each(|name| {
+                    self.roster
+                        .write_member(name, false, &mut |one| out.extend(bump_all(one)))
+                        .map(drop)
+                })
+                .map(|()| out)
         } else {
             self.roster.update(|cfg| Ok(bump_all(cfg)))
         };
