@@ -190,9 +190,9 @@ struct Supervisor {
     view: TeamConfig,
     /// Why config.json cannot be read now, if it cannot.
     config_error: Option<String>,
-    /// The config.json [`Supervisor::view`] was read from: a wake-up that did not replace it
-    /// (an event appended, a lock taken, a request written) costs no read and parse of the
-    /// whole roster.
+    /// What [`Supervisor::view`] was read from: config.json and the members' records. A
+    /// wake-up that changed neither (an event appended, a lock taken, a request written) costs
+    /// no read, and a record's change the read of that record alone.
     seen: troupe::config::RosterSeen,
     /// When config.json's view of the members is next brought up to date with their records
     /// (set when a record changed; see `troupe::store::files::roster`).
@@ -200,7 +200,8 @@ struct Supervisor {
     /// Changes of the roster and the requests (inotify on the team dir, or the bus's feed);
     /// `None` when it could not be set up (then every look reads every member's record).
     watch: Option<troupe::store::watch::Watch>,
-    /// Whether the watch saw a change not yet acted on by a tick.
+    /// Whether a refresh read a change from the watch that the main loop has not seen (it
+    /// still owes a tick for it: a request changed, say).
     watch_saw: bool,
     /// Whether the start-up reconciliation ran (it waits for a readable config.json).
     reconciled: bool,
@@ -389,7 +390,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         // closed; with hundreds of workers those come by the thousand, and each tick looks at
         // every member).
         due = !matches!(ready, Ok(n) if n > 0) | drain_pipe(&wake_r);
-        due |= sup.look_at_watch();
+        due |= sup.look_at_watch() | std::mem::take(&mut sup.watch_saw);
     }
     notifier.stopping();
     // A hook running now is killed; what it was run for stays marked for the next start.
@@ -610,7 +611,7 @@ impl Supervisor {
         };
         let changed = w.changed();
         self.seen.note_changes(w.take_members());
-        changed || std::mem::take(&mut self.watch_saw)
+        changed
     }
 
     /// Brings config.json's view of the members up to date with their records. While
