@@ -362,6 +362,89 @@ pub fn atomic_write_after(
     result
 }
 
+/// The file [`atomic_write_reusing`] keeps beside `path`: the inode `path` had before its last
+/// write, to be written again at the next one.
+pub fn spare_of(path: &Path) -> PathBuf {
+    sibling(path, "spare")
+}
+
+fn sibling(path: &Path, what: &str) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{what}"))
+}
+
+/// [`atomic_write_after`] for a file rewritten again and again (a member's record): the same
+/// guarantees (old or new content, never a mix; durable on return; a later modification time
+/// than `after`), but no inode is created or freed once the file has been written twice. The
+/// new content goes into a spare (the inode `path` had before), which is then renamed over
+/// `path` while a second link keeps the replaced inode as the next spare. A file system
+/// without a journal pays for every inode freed in the last minute at each inode it allocates
+/// (ext4 skips recently deleted ones one by one), so a write that creates and frees one grows
+/// slower with everything written before it.
+///
+/// Writers must be serialized, and a reader must exclude them while it reads (a shared lock):
+/// the spare it overwrites is the file a reader opened before the previous write.
+pub fn atomic_write_reusing(
+    path: &Path,
+    bytes: &[u8],
+    after: Option<std::time::SystemTime>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let spare = spare_of(path);
+    let prev = sibling(path, "prev");
+    // What a write cut short left: the replaced inode under `prev`.
+    if fs::symlink_metadata(&prev).is_ok() {
+        if fs::symlink_metadata(&spare).is_ok() {
+            fs::remove_file(&prev).map_err(Error::io("remove", &prev))?;
+        } else {
+            fs::rename(&prev, &spare).map_err(Error::io("rename", &prev))?;
+        }
+    }
+    let open = || {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(FILE_MODE)
+            .open(&spare)
+            .map_err(Error::io("open", &spare))
+    };
+    let mut f = open()?;
+    let meta = f.metadata().map_err(Error::io("stat", &spare))?;
+    if meta.nlink() != 1 || !meta.is_file() {
+        // Linked elsewhere too (by hand): writing it would change that file as well.
+        fs::remove_file(&spare).map_err(Error::io("remove", &spare))?;
+        f = open()?;
+    }
+    f.set_len(0).map_err(Error::io("truncate", &spare))?;
+    f.write_all(bytes).map_err(Error::io("write", &spare))?;
+    let now = std::time::SystemTime::now();
+    let mtime = match after {
+        Some(after) if after >= now => after + std::time::Duration::from_micros(1),
+        _ => now,
+    };
+    f.set_modified(mtime)
+        .map_err(Error::io("set the time of", &spare))?;
+    retry_eintr(|| f.sync_all()).map_err(Error::io("fsync", &spare))?;
+    let kept = match fs::hard_link(path, &prev) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(Error::io("link", path)(e)),
+    };
+    fs::rename(&spare, path).map_err(Error::io("rename into place", path))?;
+    if kept {
+        fs::rename(&prev, &spare).map_err(Error::io("rename", &prev))?;
+    }
+    // Durable before the replaced inode is written again: a crash must not find `path`
+    // naming it.
+    fsync_dir(dir)
+}
+
 /// Reads a whole file; `Ok(None)` if it does not exist.
 pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     match fs::read(path) {
@@ -419,6 +502,49 @@ mod tests {
         assert_eq!(mode, 0o600);
         let leftovers: Vec<_> = fs::read_dir(dir).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
+    }
+
+    #[test]
+    fn a_reused_write_replaces_with_two_inodes_for_good_and_recovers_a_cut_write() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("x.json");
+        let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+        atomic_write_reusing(&p, b"one", None).unwrap();
+        atomic_write_reusing(&p, b"two", None).unwrap();
+        let pair = [ino(&p), ino(&spare_of(&p))];
+        for n in 0..5 {
+            let before = fs::metadata(&p).unwrap().modified().unwrap();
+            let text = format!("write {n}");
+            atomic_write_reusing(&p, text.as_bytes(), Some(before)).unwrap();
+            assert_eq!(fs::read(&p).unwrap(), text.as_bytes());
+            assert!(fs::metadata(&p).unwrap().modified().unwrap() > before);
+            assert!(pair.contains(&ino(&p)), "a new inode was made");
+            assert_ne!(ino(&p), ino(&spare_of(&p)));
+        }
+        let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // Cut after the link (the replaced inode under `prev` too), then after the first
+        // rename (the spare gone): the next write goes on from either.
+        fs::hard_link(&p, sibling(&p, "prev")).unwrap();
+        atomic_write_reusing(&p, b"after a cut", None).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"after a cut");
+        fs::rename(spare_of(&p), sibling(&p, "prev")).unwrap();
+        atomic_write_reusing(&p, b"after another", None).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"after another");
+        let mut names: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".x.json.spare", "x.json"]);
+        // A spare linked elsewhere by hand is left as it was.
+        let other = tmp.path().join("other");
+        fs::hard_link(spare_of(&p), &other).unwrap();
+        let kept = fs::read(&other).unwrap();
+        atomic_write_reusing(&p, b"last", None).unwrap();
+        assert_eq!(fs::read(&other).unwrap(), kept);
+        assert_eq!(fs::read(&p).unwrap(), b"last");
     }
 
     #[test]

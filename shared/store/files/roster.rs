@@ -7,7 +7,10 @@
 //!   with a `rev` that grows by one on every write. One member's change (a worker's status, its
 //!   usage, the supervisor's note of one exit) reads and durably replaces that file alone, under
 //!   `members/NAME.lock`, taken while `config.lock` is held *shared*: changes of different
-//!   members run side by side and none reads or writes the others.
+//!   members run side by side and none reads or writes the others. The write reuses the
+//!   inode the record had before (kept as `.NAME.json.spare`), so a record costs two inodes
+//!   for good rather than one made and freed per write; a reader holds the lock shared while
+//!   it reads, for the spare it overwrites is what a reader may have opened one write ago.
 //! - **`config.json`** keeps DESIGN.md's format: the team's own fields (which live only there)
 //!   and `members[]`, a view of every record. What changes the team itself, takes a member
 //!   off, or changes many members at once (`lead up`, a team stop, a pass of many starts)
@@ -83,8 +86,25 @@ fn corrupt_record(path: &Path, why: impl std::fmt::Display) -> Error {
     }
 }
 
-/// Member `name`'s record; `None` when it has none.
+/// Member `name`'s record; `None` when it has none. Its writers are kept out while it is read
+/// (see [`write_record`]): a shared hold of its lock.
 fn read_record(team: &TeamDir, name: &str) -> Result<Option<Member>> {
+    let lock = record_lock(team, name);
+    let file = match std::fs::File::open(&lock) {
+        Ok(f) => Some(f),
+        // Never written under its lock (made by hand), or being taken off: nothing to wait for.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io("open", &lock)(e)),
+    };
+    let _shared = file
+        .as_ref()
+        .map(|f| fsutil::lock_shared(f, &lock))
+        .transpose()?;
+    read_record_held(team, name)
+}
+
+/// [`read_record`] by a writer of that record: its lock held exclusive, or `config.lock`.
+fn read_record_held(team: &TeamDir, name: &str) -> Result<Option<Member>> {
     let path = record_path(team, name);
     match fsutil::read_optional(&path)? {
         None => Ok(None),
@@ -259,14 +279,15 @@ pub(crate) fn encode_view(cfg: &TeamConfig) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Durably replaces member `m`'s record (see [`fsutil::atomic_write_after`]): its modification
-/// time is past the replaced one's, `before`, so a reader that compares times never takes a
-/// new record for the one it read.
+/// Durably replaces member `m`'s record, with its lock held exclusive (see
+/// [`fsutil::atomic_write_reusing`]: a team starting or stopping writes thousands of records,
+/// and no inode is made or freed for them): its modification time is past the replaced one's,
+/// `before`, so a reader that compares times never takes a new record for the one it read.
 fn write_record(team: &TeamDir, m: &Member, before: Option<SystemTime>) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(m)
         .map_err(|e| Error::Protocol(format!("failed to serialize {}: {e}", m.name)))?;
     bytes.push(b'\n');
-    fsutil::atomic_write_after(&record_path(team, &m.name), &bytes, before)
+    fsutil::atomic_write_reusing(&record_path(team, &m.name), &bytes, before)
 }
 
 fn modified(path: &Path) -> Option<SystemTime> {
@@ -316,7 +337,7 @@ pub fn update_member(
     let _own = fsutil::HeldLock::acquire(&record_lock(team, name))?;
     let path = record_path(team, name);
     let before_time = modified(&path);
-    let base = match read_record(team, name)? {
+    let base = match read_record_held(team, name)? {
         Some(r) => r,
         None => match read_view(team)?.and_then(|mut v| {
             let i = v.members.iter().position(|m| m.name == name)?;
@@ -387,7 +408,7 @@ pub fn update_one<R>(
     if fields.team_budget_usd.is_some() {
         return Ok(None);
     }
-    let record = read_record(team, name)?;
+    let record = read_record_held(team, name)?;
     if record.is_none() && view_lists(team, name)? {
         return Ok(None);
     }
@@ -451,7 +472,7 @@ pub fn refresh_view(team: &TeamDir) -> Result<bool> {
             continue;
         }
         let _own = fsutil::HeldLock::acquire(&record_lock(team, &v.name))?;
-        let Some(now) = read_record(team, &v.name)? else {
+        let Some(now) = read_record_held(team, &v.name)? else {
             continue;
         };
         if now.rev == v.rev {
@@ -504,6 +525,8 @@ fn write_all(
             continue;
         }
         m.rev = rev + 1;
+        // Readers hold it shared while they read; no other writer runs (config.lock).
+        let _own = fsutil::HeldLock::acquire(&record_lock(team, &m.name))?;
         write_record(team, m, modified(&record_path(team, &m.name)))?;
         wrote = true;
     }
@@ -520,6 +543,7 @@ fn write_all(
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io("remove", &path)(e)),
             }
+            let _ = std::fs::remove_file(fsutil::spare_of(&path));
             let _ = std::fs::remove_file(record_lock(team, name));
         }
     }
