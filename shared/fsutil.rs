@@ -421,8 +421,11 @@ pub fn atomic_write_reusing(
         fs::remove_file(&spare).map_err(Error::io("remove", &spare))?;
         f = open()?;
     }
-    f.set_len(0).map_err(Error::io("truncate", &spare))?;
+    // Written over, then cut to length: emptying it first would free its blocks only to
+    // allocate them again.
     f.write_all(bytes).map_err(Error::io("write", &spare))?;
+    f.set_len(bytes.len() as u64)
+        .map_err(Error::io("truncate", &spare))?;
     let now = std::time::SystemTime::now();
     let mtime = match after {
         Some(after) if after >= now => after + std::time::Duration::from_micros(1),

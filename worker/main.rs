@@ -177,9 +177,11 @@ fn run(a: Args) -> anyhow::Result<u8> {
         None => std::env::current_dir().context("failed to read the current directory")?,
     };
     // What git may write comes from the roster's record of the member's worktree (the team
-    // dir is out of its commands' reach), never from the working dir's `.git`.
+    // dir is out of its commands' reach), never from the working dir's `.git`. Its own record
+    // alone: a team of hundreds starting at once would otherwise read every record hundreds
+    // of times.
     let worktree = troupe::config::Roster::new(&team)
-        .load_patiently(&|| signals.term.load(Ordering::SeqCst))
+        .load_for_patiently(name.as_str(), &|| signals.term.load(Ordering::SeqCst))
         .ok()
         .and_then(|c| c.member(name.as_str()).and_then(|m| m.worktree.clone()));
     let sandbox = std::sync::Arc::new(troupe::sandbox::Sandbox::prepare(
@@ -218,8 +220,9 @@ fn run(a: Args) -> anyhow::Result<u8> {
     })
 }
 
-/// Dies with the parent: `PR_SET_PDEATHSIG` (the lead also sets it before exec) plus a check
-/// that the parent the lead named is still the parent, for a lead that died before the prctl.
+/// Dies with the parent: `PR_SET_PDEATHSIG`, set here (the supervisor starts workers with
+/// posix_spawn, which runs no code of its own in the child), plus a check that the parent the
+/// lead named is still the parent, for a lead that died before the prctl.
 fn watch_parent() {
     let Some(expected) = std::env::var("TROUPE_PARENT_PID")
         .ok()

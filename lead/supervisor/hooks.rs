@@ -324,7 +324,7 @@ impl Runner {
         }
         // Whether the owner has ended is read now, under the task's lock, not from `cfg`: the
         // owner may have ended while the hook ran, after its exit handed back what it held.
-        let ended = |name: &str| match Roster::new(&self.team).load() {
+        let ended = |name: &str| match Roster::new(&self.team).load_for(name) {
             Ok(now) => now
                 .member(name)
                 .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown)),

@@ -171,13 +171,11 @@ impl Supervisor {
             .stdout(Stdio::null())
             .stderr(log)
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
+        // No `pre_exec`: the worker sets its own PR_SET_PDEATHSIG first thing and exits if its
+        // parent is no longer TROUPE_PARENT_PID (worker/main.rs). Without one, std starts the
+        // child with posix_spawn (a vfork), whose cost does not grow with this process's
+        // memory as a fork's page-table copy does: a pass starting hundreds of workers paid
+        // for the supervisor's size at each.
         match cmd.spawn() {
             Ok(child) => {
                 let pid = child.id();
