@@ -62,6 +62,12 @@ pub struct TeamFile {
     /// Sets `team_budget_usd` in config.json; left out, the team budget is left as it is.
     #[serde(default)]
     pub team_budget_usd: Option<f64>,
+    /// Sets `max_members` in config.json (see `troupe::ceilings`); left out, left as it is.
+    #[serde(default)]
+    pub max_members: Option<u32>,
+    /// Sets `max_spawns_per_minute` in config.json; left out, left as it is.
+    #[serde(default)]
+    pub max_spawns_per_minute: Option<u32>,
     #[serde(default)]
     pub members: Vec<MemberDecl>,
     #[serde(default)]
@@ -169,6 +175,8 @@ pub struct Declared {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub team_budget_usd: Option<f64>,
+    pub max_members: Option<u32>,
+    pub max_spawns_per_minute: Option<u32>,
     pub members: Vec<Declared>,
     /// In an order where every task comes after its blockers.
     pub tasks: Vec<TaskDecl>,
@@ -200,6 +208,14 @@ pub fn validate(
     read_prompt: &dyn Fn(&Path) -> Result<String, String>,
 ) -> Result<Plan, Invalid> {
     check_usd("team_budget_usd", file.team_budget_usd)?;
+    for (what, n) in [
+        ("max_members", file.max_members),
+        ("max_spawns_per_minute", file.max_spawns_per_minute),
+    ] {
+        if n == Some(0) {
+            return Err(invalid(format!("{what}: must be 1 or more")));
+        }
+    }
     let mut members = Vec::new();
     let mut names = BTreeSet::new();
     for m in file.members {
@@ -297,6 +313,8 @@ pub fn validate(
     }
     Ok(Plan {
         team_budget_usd: file.team_budget_usd,
+        max_members: file.max_members,
+        max_spawns_per_minute: file.max_spawns_per_minute,
         members,
         tasks,
         hooks,
@@ -401,12 +419,23 @@ pub fn diff(
     prune: bool,
     supervisor_running: bool,
 ) -> Result<Changes, Refusal> {
-    let team = plan.team_budget_usd.map(|b| {
-        if cfg.team_budget_usd == Some(b) {
-            Vec::new()
-        } else {
-            vec!["team_budget_usd"]
+    let declared = plan.team_budget_usd.is_some()
+        || plan.max_members.is_some()
+        || plan.max_spawns_per_minute.is_some();
+    let team = declared.then(|| {
+        let mut fields = Vec::new();
+        if plan.team_budget_usd.is_some() && cfg.team_budget_usd != plan.team_budget_usd {
+            fields.push("team_budget_usd");
         }
+        if plan.max_members.is_some() && cfg.max_members != plan.max_members {
+            fields.push("max_members");
+        }
+        if plan.max_spawns_per_minute.is_some()
+            && cfg.max_spawns_per_minute != plan.max_spawns_per_minute
+        {
+            fields.push("max_spawns_per_minute");
+        }
+        fields
     });
     let hooks_changed = cfg.hooks != plan.hooks;
     let mut members = Vec::new();
@@ -606,6 +635,12 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
         Roster::new(team).update(|cfg| {
             if let Some(b) = plan.team_budget_usd {
                 cfg.team_budget_usd = Some(b);
+            }
+            if let Some(n) = plan.max_members {
+                cfg.max_members = Some(n);
+            }
+            if let Some(n) = plan.max_spawns_per_minute {
+                cfg.max_spawns_per_minute = Some(n);
             }
             cfg.hooks.clone_from(&plan.hooks);
             Ok(())

@@ -327,6 +327,18 @@ pub struct TeamConfig {
     /// The user's commands run on team events (see [`crate::hooks`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<crate::hooks::Hook>,
+    /// At most this many members that are not `shutdown` or `failed` (`lead run
+    /// --max-members`; see [`crate::ceilings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_members: Option<u32>,
+    /// At most this many spawns that start a process within a minute (`lead run
+    /// --max-spawns-per-minute`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_spawns_per_minute: Option<u32>,
+    /// When the spawns of the last minute were made (Unix seconds), while
+    /// `max_spawns_per_minute` is set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spawn_times: Vec<f64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -341,6 +353,9 @@ impl Default for TeamConfig {
             lead_spend: None,
             retired_spend: BTreeMap::new(),
             hooks: Vec::new(),
+            max_members: None,
+            max_spawns_per_minute: None,
+            spawn_times: Vec::new(),
             extra: Map::new(),
         }
     }

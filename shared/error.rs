@@ -45,6 +45,9 @@ pub enum Error {
     /// A budget refuses what was asked (a spawn of a member, or of anyone, over budget).
     #[error("{why}; {fix}")]
     OverBudget { why: String, fix: String },
+    /// A ceiling of the team refuses a spawn (see [`crate::ceilings`]).
+    #[error("{why}; {fix}")]
+    Ceiling { why: String, fix: String },
     /// No request with this id.
     #[error("no such request: {0}")]
     UnknownRequest(String),
@@ -137,6 +140,7 @@ impl Error {
             | Error::NoClaimableTask
             | Error::MemberConflict { .. }
             | Error::OverBudget { .. }
+            | Error::Ceiling { .. }
             | Error::Locked { .. }
             | Error::Fenced { .. }
             | Error::NotAddressee { .. }

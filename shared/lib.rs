@@ -5,6 +5,7 @@
 //! clients, the tools and the agent loop. The binaries never open team files by hand.
 
 pub mod agent;
+pub mod ceilings;
 pub mod config;
 pub mod cost;
 pub mod error;

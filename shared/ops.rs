@@ -57,6 +57,16 @@ pub fn spawn(team: &TeamDir, spec: &SpawnSpec) -> Result<Member> {
         None
     };
     let member = Roster::new(team).update_one(name.as_str(), |cfg| {
+        // Under the roster's exclusive lock when a ceiling is set (`update_one` reads every
+        // member then): two spawns at once cannot both take the last place.
+        let now = crate::fsutil::now();
+        if let Some(r) = crate::ceilings::refusal(cfg, name.as_str(), now) {
+            return Err(Error::Ceiling {
+                why: r.why,
+                fix: r.fix,
+            });
+        }
+        crate::ceilings::note_spawn(cfg, name.as_str(), now);
         let m = spawn_in(cfg, &name, spec)?;
         let m = match &worktree {
             Some(w) => {

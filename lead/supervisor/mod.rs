@@ -86,6 +86,14 @@ pub struct RunArgs {
     /// kept in config.json, so it holds for every command and the next `lead run`.
     #[arg(long, value_parser = crate::commands::parse_usd)]
     team_budget_usd: Option<f64>,
+    /// At most this many members that are not shut down or failed: a spawn beyond it (by the
+    /// LLM lead, `lead spawn` or `lead up`) is refused. Kept in config.json, as the budget.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_members: Option<u32>,
+    /// At most this many spawns that start a process in any minute (the supervisor's own
+    /// restarts are not counted). Kept in config.json.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_spawns_per_minute: Option<u32>,
     /// A price file (JSON: model-id prefix -> per-million prices) over the built-in prices,
     /// handed to every worker.
     #[arg(long, env = "TROUPE_PRICES")]
@@ -117,6 +125,8 @@ impl RunArgs {
             restart_delay,
             restart_delay_max,
             team_budget_usd,
+            max_members,
+            max_spawns_per_minute,
             prices,
             sandbox,
             host,
@@ -138,6 +148,12 @@ impl RunArgs {
         }
         if let Some(b) = team_budget_usd {
             args.extend(["--team-budget-usd".to_owned(), b.to_string()]);
+        }
+        if let Some(n) = max_members {
+            args.extend(["--max-members".to_owned(), n.to_string()]);
+        }
+        if let Some(n) = max_spawns_per_minute {
+            args.extend(["--max-spawns-per-minute".to_owned(), n.to_string()]);
         }
         if let Some(p) = prices {
             let p = std::path::absolute(p)?;
@@ -313,6 +329,22 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     if let Some(b) = sup.args.team_budget_usd {
         sup.writer.apply(move |c| c.team_budget_usd = Some(b));
         events::log(&sup.team, "team_budget", json!({"budget_usd": b}));
+    }
+    let (max_members, max_spawns) = (sup.args.max_members, sup.args.max_spawns_per_minute);
+    if max_members.is_some() || max_spawns.is_some() {
+        sup.writer.apply(move |c| {
+            if max_members.is_some() {
+                c.max_members = max_members;
+            }
+            if max_spawns.is_some() {
+                c.max_spawns_per_minute = max_spawns;
+            }
+        });
+        events::log(
+            &sup.team,
+            "team_ceilings",
+            json!({"max_members": max_members, "max_spawns_per_minute": max_spawns}),
+        );
     }
     // Woken by changes of the roster and the requests (inotify on the files, or the bus's
     // change feed), a signal, or the next timer.

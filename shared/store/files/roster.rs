@@ -405,7 +405,7 @@ pub fn update_one<R>(
     let Some(fields) = read_team_fields(team)? else {
         return Ok(None);
     };
-    if fields.team_budget_usd.is_some() {
+    if fields.team_budget_usd.is_some() || crate::ceilings::any(&fields) {
         return Ok(None);
     }
     let record = read_record_held(team, name)?;
