@@ -2,7 +2,7 @@
 //! store, the team dir's files and a Redis bus, through the same calls (the callers never ask
 //! which it is): racing deciders of one request (one wins), racing roster writers (none lost),
 //! racing keyed task creations (one creates), the event log read from any position, a named
-//! lock that excludes, and a change watch that wakes on the roster and the board and not on
+//! lock that excludes, a heartbeat, and a change watch that wakes on the roster and the board and not on
 //! the event log. On the bus, none of it is in the team dir.
 
 mod support;
@@ -142,8 +142,17 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
     std::thread::sleep(Duration::from_millis(300));
     watch.changed();
     troupe::events::try_log(&team, "quiet", serde_json::json!({})).unwrap();
+    // A heartbeat is a key with an expiry: read back by anyone, and it wakes nobody either.
+    let mut beater = troupe::store::beat::Beater::new(team.store(), "late", 3);
+    beater.beat(Duration::from_secs(30));
+    beater.beat(Duration::from_secs(2));
+    let beat = troupe::store::beat::last(open().store(), "late")
+        .unwrap()
+        .expect("the beat");
+    assert_eq!((beat.epoch, beat.allowance), (3, 2.0));
+    assert_eq!(troupe::store::beat::last(team.store(), "nobody").unwrap(), None);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!watch.changed(), "an event woke the watch");
+    assert!(!watch.changed(), "an event or a heartbeat woke the watch");
     Roster::new(&team)
         .update(|c| {
             c.members.push(Member::new("late", "r"));
@@ -212,4 +221,5 @@ fn the_contract_holds_on_a_redis_bus() {
     assert!(!team.config().exists());
     assert!(std::fs::read_dir(team.requests_dir()).map_or(true, |mut d| d.next().is_none()));
     assert!(!team.events().exists());
+    assert!(!team.root().join("beats").exists());
 }

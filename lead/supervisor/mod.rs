@@ -44,6 +44,7 @@ mod background;
 mod escalate;
 mod exit;
 mod hooks;
+mod hung;
 mod lease;
 mod policy;
 mod spawn;
@@ -94,6 +95,10 @@ pub struct RunArgs {
     /// restarts are not counted). Kept in config.json.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     max_spawns_per_minute: Option<u32>,
+    /// Seconds a worker may go without a heartbeat (beyond what its model or tool call may
+    /// take) before it is taken for hung, killed and restarted; 0 turns the watchdog off.
+    #[arg(long, default_value_t = 120)]
+    watchdog: u64,
     /// A price file (JSON: model-id prefix -> per-million prices) over the built-in prices,
     /// handed to every worker.
     #[arg(long, env = "TROUPE_PRICES")]
@@ -127,6 +132,7 @@ impl RunArgs {
             team_budget_usd,
             max_members,
             max_spawns_per_minute,
+            watchdog,
             prices,
             sandbox,
             host,
@@ -138,6 +144,7 @@ impl RunArgs {
             ("--restart-window", restart_window.to_string()),
             ("--restart-delay", restart_delay.to_string()),
             ("--restart-delay-max", restart_delay_max.to_string()),
+            ("--watchdog", watchdog.to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_owned(), v])
@@ -194,6 +201,8 @@ struct Running {
     /// The expired shutdown request it is being stopped for, if that is why.
     escalated: Option<String>,
     kill_at: Option<Instant>,
+    /// Killed by the watchdog (see `hung`).
+    hung: bool,
 }
 
 struct Supervisor {
@@ -213,6 +222,8 @@ struct Supervisor {
     /// When config.json's view of the members is next brought up to date with their records
     /// (set when a record changed; see `troupe::store::files::roster`).
     view_due: Option<Instant>,
+    /// When the watchdog next reads the running workers' heartbeats.
+    beats_due: Option<Instant>,
     /// Changes of the roster and the requests (inotify on the team dir, or the bus's feed);
     /// `None` when it could not be set up (then every look reads every member's record).
     watch: Option<troupe::store::watch::Watch>,
@@ -294,6 +305,7 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         config_error: None,
         seen: troupe::config::RosterSeen::holding(),
         view_due: None,
+        beats_due: None,
         watch: None,
         watch_saw: false,
         reconciled: false,
@@ -632,6 +644,7 @@ impl Supervisor {
         if self.view_due.is_some_and(|at| at <= Instant::now()) {
             self.write_view();
         }
+        self.watch_beats();
         Ok(())
     }
 
@@ -666,6 +679,7 @@ impl Supervisor {
             .filter(|at| *at > now)
             .chain(self.running.values().filter_map(|r| r.kill_at))
             .chain(self.view_due)
+            .chain(self.beats_due.filter(|_| !self.running.is_empty()))
             .map(|t| t.saturating_duration_since(now))
             .min()
     }

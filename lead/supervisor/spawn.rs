@@ -199,6 +199,7 @@ impl Supervisor {
                         stopping: false,
                         escalated: None,
                         kill_at: None,
+                        hung: false,
                     },
                 );
             }

@@ -75,6 +75,8 @@ const RECENT: Duration = Duration::from_millis(50);
 pub struct Teammate {
     s: Settings,
     provider: Box<dyn Provider>,
+    /// This incarnation's heartbeat, for the supervisor's watchdog.
+    beater: crate::store::beat::Beater,
     journal: Journal,
     conv: Rebuilt,
     inbox: Inbox,
@@ -132,6 +134,11 @@ impl Teammate {
         let (journal, conv) = conversation::resume(&s.team, &s.name, member.incarnation, owner)?;
         let requests = RequestStore::new(&s.team);
         let mut t = Teammate {
+            beater: crate::store::beat::Beater::new(
+                s.team.store(),
+                s.name.as_str(),
+                member.incarnation,
+            ),
             inbox: Inbox::new(&s.team, &s.name),
             model: member.model.clone().unwrap_or_default(),
             incarnation: member.incarnation,
@@ -315,7 +322,7 @@ impl Teammate {
             let timeout = retry.then_some(Duration::from_secs(1));
             self.record.flush();
             self.record.forget_recent();
-            match waiter.wait(timeout, &[wake])? {
+            match self.wait_beating(&mut waiter, timeout, wake)? {
                 Wake::External => return Ok(Outcome::Terminated),
                 Wake::Message | Wake::Timeout => {}
             }
@@ -368,6 +375,7 @@ impl Teammate {
                         return Ok(Vec::new());
                     }
                     backoff = crate::store::outage_backoff(backoff);
+                    self.beater.beat(backoff);
                     let until = std::time::Instant::now() + backoff;
                     while std::time::Instant::now() < until && !self.terminated() {
                         std::thread::sleep(Duration::from_millis(20));
@@ -496,6 +504,7 @@ impl Teammate {
             if self.terminated() {
                 return Ok(Some(Outcome::Terminated));
             }
+            self.beater.beat(Duration::ZERO);
             self.drain()?;
             if let Some(why) = self.over_budget() {
                 self.budget_stop(&why)?;
@@ -649,6 +658,7 @@ impl Teammate {
                 let now = fsutil::now();
                 let since = *self.outage_since.get_or_insert(now);
                 tracing::warn!("{e}; trying again in {:.1} s", d.as_secs_f64());
+                self.beater.beat(d);
                 self.set_activity(Activity {
                     state: ActivityState::WaitingApi,
                     since,
@@ -677,7 +687,7 @@ impl Teammate {
                 loop {
                     let timeout = self.record.is_pending().then_some(Duration::from_secs(1));
                     self.record.flush();
-                    match waiter.wait(timeout, &[wake])? {
+                    match self.wait_beating(&mut waiter, timeout, wake)? {
                         Wake::External => return Ok(Some(Outcome::Terminated)),
                         Wake::Message => return Ok(None),
                         Wake::Timeout => {}
@@ -885,6 +895,7 @@ impl Teammate {
             self.s.name.as_str(),
             self.conv.compactions,
         );
+        self.beater.beat(self.provider.longest_call());
         let response = match self.provider.complete(&req) {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
@@ -931,7 +942,30 @@ impl Teammate {
             agent: self.s.name.to_string(),
             seq: self.conv.calls,
         };
+        self.beater.beat(self.provider.longest_call());
         self.provider.complete(&req)
+    }
+
+    /// [`InboxWaiter::wait`], beating at least every [`crate::store::beat::IDLE_BEAT`]
+    /// meanwhile (the watchdog's proof that an idle worker is not stopped or stuck).
+    fn wait_beating(
+        &mut self,
+        waiter: &mut InboxWaiter,
+        timeout: Option<Duration>,
+        wake: BorrowedFd<'_>,
+    ) -> Result<Wake> {
+        let until = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            self.beater.beat(Duration::ZERO);
+            let slice = until.map_or(crate::store::beat::IDLE_BEAT, |u| {
+                u.saturating_duration_since(std::time::Instant::now())
+                    .min(crate::store::beat::IDLE_BEAT)
+            });
+            match waiter.wait(Some(slice), &[wake])? {
+                Wake::Timeout if until.is_none_or(|u| std::time::Instant::now() < u) => {}
+                other => return Ok(other),
+            }
+        }
     }
 
     /// Runs one tool. `Err` only when the step cannot go on: the inbox drain of `read_inbox`
@@ -943,6 +977,14 @@ impl Teammate {
         input: &Value,
         inbox_ids: &mut Vec<String>,
     ) -> Result<ToolOutput> {
+        // A command may take up to its timeout (and the moments its kill takes); the other
+        // tools are quick.
+        let allowance = if name == "bash" {
+            self.s.bash_timeout + Duration::from_secs(10)
+        } else {
+            Duration::ZERO
+        };
+        self.beater.beat(allowance);
         let out = if name == "read_inbox" {
             self.tool_read_inbox(inbox_ids)?
         } else {

@@ -129,6 +129,10 @@ impl Provider for Anthropic {
         "anthropic"
     }
 
+    fn longest_call(&self) -> std::time::Duration {
+        self.config.longest_call()
+    }
+
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let model = if req.model.trim().is_empty() {
             self.model.as_str()

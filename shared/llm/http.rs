@@ -43,6 +43,14 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
+    /// The longest a call may take: every attempt to its timeout (which counts the connect
+    /// too), and the longest wait the retry rules allow between two (a server's hint, up to
+    /// 60 s).
+    pub fn longest_call(&self) -> Duration {
+        let attempts = self.retry.max_attempts.max(1);
+        self.timeout.saturating_mul(attempts) + Duration::from_secs(60).saturating_mul(attempts - 1)
+    }
+
     /// Reads `TROUPE_LLM_TIMEOUT_SECS` and `TROUPE_LLM_MAX_ATTEMPTS` through `vars` (unset or
     /// empty means the default); a value that is not a positive number is a config error.
     pub fn from_vars(vars: &dyn Fn(&str) -> Option<String>) -> Result<Self, LlmError> {

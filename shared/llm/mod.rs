@@ -188,6 +188,11 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &'static str;
     /// Makes one model call.
     fn complete(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError>;
+    /// The longest one call of [`Provider::complete`] may take, its retries and their waits
+    /// included: the allowance of a worker's heartbeat while it waits for the model.
+    fn longest_call(&self) -> std::time::Duration {
+        http::HttpConfig::default().longest_call()
+    }
 }
 
 /// Builds the provider the process environment asks for; see the module docs for the variables.

@@ -18,12 +18,14 @@
 //! | the change feed | [`Store::watch`] |
 //! | named locks | [`Store::lock`] |
 //! | leases with an epoch, fencing | [`Store::hold_host`], [`fence`] |
+//! | keys with an expiry (heartbeats), outside the change feed | [`beat`] |
 //! | hosts | [`Store::live_hosts`], [`Store::request_stop`], [`Store::check_host`] |
 //!
 //! Callers get a [`Store`] from [`TeamDir::store`] and never ask which backend it is; only this
 //! folder matches on it. What only one host needs (transcripts, logs, lines set aside,
 //! worktrees) stays in the local team dir on either backend.
 
+pub mod beat;
 pub mod doc;
 pub mod events;
 pub mod fence;

@@ -1,0 +1,176 @@
+//! Heartbeats: a key per member with an expiry, outside the change feed (a beat wakes
+//! nobody), which a worker writes from its main loop to prove progress and the supervisor's
+//! watchdog reads.
+//!
+//! A beat says who wrote it (the member's incarnation, its epoch), when, and how long the
+//! step it starts may take without another beat: nothing for the idle wait (which beats at
+//! least every [`IDLE_BEAT`]), a model call's longest time with its retries, a tool's own
+//! timeout. No side thread beats: a worker stopped or deadlocked anywhere stops beating.
+//!
+//! - **files**: `beats/NAME.json`, overwritten in place without an fsync (a beat that a crash
+//!   loses is only a beat; a torn one is read as none);
+//! - **Redis**: the key `beat:NAME`, set with an expiry (an hour past the step's allowance).
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Store;
+use crate::error::Result;
+use crate::teamdir::TeamDir;
+
+/// The longest an idle worker goes between beats.
+pub const IDLE_BEAT: Duration = Duration::from_secs(2);
+
+/// One beat.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Beat {
+    /// The incarnation that wrote it.
+    pub epoch: u64,
+    /// When (Unix seconds).
+    pub at: f64,
+    /// How long the step begun at `at` may take before the next beat, in seconds.
+    pub allowance: f64,
+}
+
+impl Beat {
+    /// Whether a worker whose last sign of progress is `self` is hung at `now`, for a
+    /// watchdog of `watchdog` seconds: silent longer than the watchdog past its step's
+    /// allowance.
+    pub fn overdue(&self, now: f64, watchdog: f64) -> bool {
+        now - self.at > watchdog + self.allowance
+    }
+}
+
+fn beats_dir(team: &TeamDir) -> PathBuf {
+    team.root().join("beats")
+}
+
+fn beat_path(team: &TeamDir, name: &str) -> PathBuf {
+    beats_dir(team).join(format!("{name}.json"))
+}
+
+/// Writes one member's beats; made once per incarnation.
+pub struct Beater {
+    epoch: u64,
+    to: Target,
+}
+
+enum Target {
+    File(Option<File>, PathBuf),
+    Redis(Box<super::redis::RedisBus>, String),
+}
+
+impl Beater {
+    /// Beats of member `name`'s incarnation `epoch`, through `store`.
+    pub fn new(store: Store<'_>, name: &str, epoch: u64) -> Beater {
+        let to = match store {
+            Store::Files(team) => Target::File(None, beat_path(team, name)),
+            Store::Redis(bus) => {
+                Target::Redis(Box::new(bus.clone()), bus.key(&format!("beat:{name}")))
+            }
+        };
+        Beater { epoch, to }
+    }
+
+    /// Says "making progress; the step begun now may take `allowance`". A beat that cannot
+    /// be written is logged (the watchdog may then take the worker for hung and restart it).
+    pub fn beat(&mut self, allowance: Duration) {
+        let beat = Beat {
+            epoch: self.epoch,
+            at: crate::fsutil::now(),
+            allowance: allowance.as_secs_f64(),
+        };
+        let Ok(mut bytes) = serde_json::to_vec(&beat) else {
+            return;
+        };
+        bytes.push(b'\n');
+        if let Err(e) = self.write(&bytes, allowance) {
+            tracing::debug!("heartbeat not written: {e}");
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8], allowance: Duration) -> Result<()> {
+        match &mut self.to {
+            Target::File(file, path) => {
+                use std::os::unix::fs::FileExt;
+                if file.is_none() {
+                    if let Some(dir) = path.parent() {
+                        crate::fsutil::create_dir(dir)?;
+                    }
+                    *file = Some(crate::fsutil::open_rw(path)?);
+                }
+                let f = file.as_ref().expect("opened above");
+                f.write_all_at(bytes, 0)
+                    .and_then(|()| f.set_len(bytes.len() as u64))
+                    .map_err(crate::Error::io("write", &*path))
+            }
+            Target::Redis(bus, key) => {
+                let ttl = allowance.as_secs() + 3600;
+                bus.with_conn("write a heartbeat", |c| {
+                    redis::cmd("SET")
+                        .arg(&*key)
+                        .arg(bytes)
+                        .arg("EX")
+                        .arg(ttl)
+                        .query::<()>(c)
+                })
+            }
+        }
+    }
+}
+
+/// Member `name`'s last beat; `None` when it has none (or one that does not parse: being
+/// written).
+pub fn last(store: Store<'_>, name: &str) -> Result<Option<Beat>> {
+    let bytes: Option<Vec<u8>> = match store {
+        Store::Files(team) => crate::fsutil::read_optional(&beat_path(team, name))?,
+        Store::Redis(bus) => {
+            let key = bus.key(&format!("beat:{name}"));
+            bus.with_conn("read a heartbeat", |c| {
+                redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(c)
+            })?
+        }
+    };
+    Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beat_is_overdue_past_the_watchdog_and_its_steps_allowance() {
+        let idle = Beat {
+            epoch: 1,
+            at: 100.0,
+            allowance: 0.0,
+        };
+        assert!(!idle.overdue(104.9, 5.0));
+        assert!(idle.overdue(105.1, 5.0));
+        let calling = Beat {
+            allowance: 30.0,
+            ..idle
+        };
+        assert!(!calling.overdue(134.0, 5.0));
+        assert!(calling.overdue(135.5, 5.0));
+    }
+
+    #[test]
+    fn beats_overwrite_in_place_and_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        assert_eq!(last(team.store(), "ann").unwrap(), None);
+        let mut b = Beater::new(team.store(), "ann", 7);
+        b.beat(Duration::from_secs(600));
+        b.beat(Duration::ZERO);
+        let got = last(team.store(), "ann").unwrap().unwrap();
+        assert_eq!((got.epoch, got.allowance), (7, 0.0));
+        assert!((crate::fsutil::now() - got.at).abs() < 5.0);
+        // A torn write reads as none, never as an error.
+        std::fs::write(beat_path(&team, "ann"), b"{\"epoch\":7,\"at\"").unwrap();
+        assert_eq!(last(team.store(), "ann").unwrap(), None);
+    }
+}
