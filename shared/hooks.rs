@@ -23,6 +23,10 @@ pub enum HookEvent {
     TaskCreated,
     /// A task's owner marked it completed (it is held as `completing` until the hooks pass).
     TaskCompleted,
+    /// A request has been `pending` longer than `lead run --escalate-after`: a person is
+    /// paged. Runs as the supervisor's user whatever `sandbox` says (it pages people; its
+    /// command comes from a team file no member can change), and its exit code is only logged.
+    RequestPending,
 }
 
 impl HookEvent {
@@ -31,6 +35,7 @@ impl HookEvent {
             HookEvent::TeammateIdle => "teammate_idle",
             HookEvent::TaskCreated => "task_created",
             HookEvent::TaskCompleted => "task_completed",
+            HookEvent::RequestPending => "request_pending",
         }
     }
 }
@@ -48,8 +53,10 @@ impl std::str::FromStr for HookEvent {
             "teammate_idle" => Ok(HookEvent::TeammateIdle),
             "task_created" => Ok(HookEvent::TaskCreated),
             "task_completed" => Ok(HookEvent::TaskCompleted),
+            "request_pending" => Ok(HookEvent::RequestPending),
             _ => Err(format!(
-                "unknown hook event {s:?} (expected teammate_idle, task_created or task_completed)"
+                "unknown hook event {s:?} (expected teammate_idle, task_created, task_completed \
+                 or request_pending)"
             )),
         }
     }

@@ -100,6 +100,9 @@ pub struct Request {
     pub updated_at: f64,
     #[serde(default)]
     pub expires_at: Option<f64>,
+    /// When the `request_pending` hooks ran for it (see `lead run --escalate-after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paged_at: Option<f64>,
 }
 
 impl Request {
@@ -187,6 +190,7 @@ impl RequestStore {
             created_at: now,
             updated_at: now,
             expires_at: new.ttl.map(|t| now + t.as_secs_f64()),
+            paged_at: None,
         };
         let mut req = req;
         if let Some(extra) = approved {
@@ -258,6 +262,15 @@ impl RequestStore {
                 r.extend(e);
             }
             req.response = Some(resp);
+            Ok(Some(req))
+        })
+    }
+
+    /// Notes that the `request_pending` hooks ran for request `id`.
+    pub fn mark_paged(&self, id: &str) -> Result<Request> {
+        self.locked(id, |cur| {
+            let mut req = cur.ok_or_else(|| Error::UnknownRequest(id.to_owned()))?;
+            req.paged_at = Some(fsutil::now());
             Ok(Some(req))
         })
     }

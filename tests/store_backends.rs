@@ -150,7 +150,10 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
         .unwrap()
         .expect("the beat");
     assert_eq!((beat.epoch, beat.allowance), (3, 2.0));
-    assert_eq!(troupe::store::beat::last(team.store(), "nobody").unwrap(), None);
+    assert_eq!(
+        troupe::store::beat::last(team.store(), "nobody").unwrap(),
+        None
+    );
     std::thread::sleep(Duration::from_millis(300));
     assert!(!watch.changed(), "an event or a heartbeat woke the watch");
     Roster::new(&team)

@@ -61,11 +61,13 @@ impl Hooks {
     /// Starts the thread for `team`, whose members work in `workdir` unless they have a dir of
     /// their own.
     /// On a bus, `host` is the supervisor's: a teammate's hooks run on its own host.
+    /// With `escalate_after`, a request pending that long runs the `request_pending` hooks.
     pub fn start(
         team: TeamDir,
         workdir: PathBuf,
         host: Option<String>,
         sandbox: SandboxSettings,
+        escalate_after: Option<Duration>,
     ) -> anyhow::Result<Hooks> {
         let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
         wake_r.set_nonblocking(true)?;
@@ -80,6 +82,7 @@ impl Hooks {
             sandbox,
             sandboxes: Mutex::new(HashMap::new()),
             roster: Mutex::new(Default::default()),
+            escalate_after,
         };
         let handle = std::thread::Builder::new()
             .name("hooks".into())
@@ -115,6 +118,8 @@ struct Runner {
     /// The roster as the last pass read it, and what it read: a pass reads again only the
     /// members' records the watch saw change.
     roster: Mutex<(troupe::config::RosterSeen, TeamConfig)>,
+    /// `lead run --escalate-after`.
+    escalate_after: Option<Duration>,
 }
 
 type SandboxCache = HashMap<String, (Option<troupe::worktree::Worktree>, Arc<Sandbox>)>;
@@ -142,6 +147,9 @@ struct Ran {
     stderr: String,
 }
 
+/// How often requests are looked at for `request_pending` hooks.
+const PAGE_EVERY: Duration = Duration::from_secs(1);
+
 /// The shortest time between two passes of the hooks thread (see [`Runner::run`]): what a hook
 /// may wait beyond the change that makes it due.
 const PASS_GAP: Duration = Duration::from_millis(50);
@@ -165,7 +173,16 @@ impl Runner {
         }
         let mut due = true;
         let mut last_pass: Option<Instant> = None;
+        let mut last_page: Option<Instant> = None;
         while !self.stopped() {
+            // Pending requests grow old without a change to wake anyone: a look every second.
+            if self.escalate_after.is_some() && last_page.is_none_or(|t| t.elapsed() >= PAGE_EVERY)
+            {
+                if let Err(e) = self.page_pending() {
+                    tracing::warn!("hooks: {e:#}");
+                }
+                last_page = Some(Instant::now());
+            }
             // Passes at most every PASS_GAP: each reads the whole roster and the board, and
             // a team of hundreds starting or stopping rewrites the roster hundreds of times a
             // second. The changes of a gap are looked at together in the next pass.
@@ -228,6 +245,75 @@ impl Runner {
             Ok(None) => true,
             Err(_) => false,
         }
+    }
+
+    /// Runs the `request_pending` hooks of each request pending longer than `--escalate-after`
+    /// that has not had them (`paged_at`), oldest first; on a bus, on one host. The request
+    /// is marked after its hooks exit: a restart between the two runs them again.
+    fn page_pending(&self) -> anyhow::Result<()> {
+        let Some(after) = self.escalate_after else {
+            return Ok(());
+        };
+        let Some(cfg) = self.roster_now() else {
+            return Ok(());
+        };
+        if !troupe::hooks::any_for(&cfg.hooks, HookEvent::RequestPending) || !self.runs_task_hooks()
+        {
+            return Ok(());
+        }
+        let store = troupe::requests::RequestStore::new(&self.team);
+        let now = troupe::fsutil::now();
+        let mut due: Vec<_> = store
+            .list(Some(troupe::requests::RequestStatus::Pending))?
+            .into_iter()
+            .filter(|r| r.paged_at.is_none() && now - r.created_at >= after.as_secs_f64())
+            .collect();
+        due.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
+        for req in due {
+            if self.stopped() {
+                return Ok(());
+            }
+            // Answered or expired since the listing: nobody needs paging.
+            if store.get(&req.request_id)?.status != troupe::requests::RequestStatus::Pending {
+                continue;
+            }
+            let waited = now - req.created_at;
+            let mut doc = serde_json::to_value(&req)?;
+            doc["event"] = json!(HookEvent::RequestPending);
+            doc["waited_secs"] = json!(waited);
+            doc["team_dir"] = json!(self.team.root());
+            let at = Place {
+                cwd: &self.workdir,
+                member: None,
+                worktree: None,
+                task: None,
+            };
+            for hook in cfg
+                .hooks
+                .iter()
+                .filter(|h| h.event == HookEvent::RequestPending)
+            {
+                // Outside the sandbox whatever the hook says: it pages a person.
+                let hook = Hook {
+                    sandbox: false,
+                    ..hook.clone()
+                };
+                if self.run_one(&hook, &doc.to_string(), &at).is_none() {
+                    // Stopped meanwhile: the request is paged by the next start.
+                    return Ok(());
+                }
+            }
+            store.mark_paged(&req.request_id)?;
+            events::log(
+                &self.team,
+                "request_pending",
+                json!({
+                    "request_id": req.request_id, "kind": req.kind, "from": req.from,
+                    "to": req.to, "waited_secs": waited,
+                }),
+            );
+        }
+        Ok(())
     }
 
     /// Runs the hooks of everything marked as waiting for them, oldest first within each kind.

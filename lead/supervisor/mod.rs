@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// take) before it is taken for hung, killed and restarted; 0 turns the watchdog off.
     #[arg(long, default_value_t = 120)]
     watchdog: u64,
+    /// Seconds a request may stay pending (a plan approval, a shutdown before its expiry)
+    /// before the team's `request_pending` hooks run for it, once; off unless given.
+    #[arg(long, value_parser = parse_secs)]
+    escalate_after: Option<f64>,
     /// A price file (JSON: model-id prefix -> per-million prices) over the built-in prices,
     /// handed to every worker.
     #[arg(long, env = "TROUPE_PRICES")]
@@ -133,6 +137,7 @@ impl RunArgs {
             max_members,
             max_spawns_per_minute,
             watchdog,
+            escalate_after,
             prices,
             sandbox,
             host,
@@ -155,6 +160,9 @@ impl RunArgs {
         }
         if let Some(b) = team_budget_usd {
             args.extend(["--team-budget-usd".to_owned(), b.to_string()]);
+        }
+        if let Some(s) = escalate_after {
+            args.extend(["--escalate-after".to_owned(), s.to_string()]);
         }
         if let Some(n) = max_members {
             args.extend(["--max-members".to_owned(), n.to_string()]);
@@ -378,6 +386,9 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         sup.workdir.clone(),
         sup.host().map(str::to_owned),
         sup.args.sandbox.clone(),
+        sup.args
+            .escalate_after
+            .map(std::time::Duration::from_secs_f64),
     )?;
     // Ready: the lock is held and every member that should run has been started.
     std::fs::write(
