@@ -68,6 +68,15 @@ pub struct TeamFile {
     /// Sets `max_spawns_per_minute` in config.json; left out, left as it is.
     #[serde(default)]
     pub max_spawns_per_minute: Option<u32>,
+    /// Sets `max_concurrent_calls` in config.json (see `troupe::governor`).
+    #[serde(default)]
+    pub max_concurrent_calls: Option<u32>,
+    /// Sets `model_caps` (model-id prefix -> calls in flight); left out, left as it is.
+    #[serde(default)]
+    pub model_caps: Option<std::collections::BTreeMap<String, u32>>,
+    /// Sets `rate_governor` (`on` or `off`).
+    #[serde(default)]
+    pub rate_governor: Option<troupe::governor::Mode>,
     #[serde(default)]
     pub members: Vec<MemberDecl>,
     #[serde(default)]
@@ -177,6 +186,9 @@ pub struct Plan {
     pub team_budget_usd: Option<f64>,
     pub max_members: Option<u32>,
     pub max_spawns_per_minute: Option<u32>,
+    pub max_concurrent_calls: Option<u32>,
+    pub model_caps: Option<std::collections::BTreeMap<String, u32>>,
+    pub rate_governor: Option<troupe::governor::Mode>,
     pub members: Vec<Declared>,
     /// In an order where every task comes after its blockers.
     pub tasks: Vec<TaskDecl>,
@@ -211,7 +223,15 @@ pub fn validate(
     for (what, n) in [
         ("max_members", file.max_members),
         ("max_spawns_per_minute", file.max_spawns_per_minute),
-    ] {
+        ("max_concurrent_calls", file.max_concurrent_calls),
+    ]
+    .into_iter()
+    .chain(
+        file.model_caps
+            .iter()
+            .flatten()
+            .map(|(_, n)| ("model_caps", Some(*n))),
+    ) {
         if n == Some(0) {
             return Err(invalid(format!("{what}: must be 1 or more")));
         }
@@ -315,6 +335,9 @@ pub fn validate(
         team_budget_usd: file.team_budget_usd,
         max_members: file.max_members,
         max_spawns_per_minute: file.max_spawns_per_minute,
+        max_concurrent_calls: file.max_concurrent_calls,
+        model_caps: file.model_caps,
+        rate_governor: file.rate_governor,
         members,
         tasks,
         hooks,
@@ -421,7 +444,10 @@ pub fn diff(
 ) -> Result<Changes, Refusal> {
     let declared = plan.team_budget_usd.is_some()
         || plan.max_members.is_some()
-        || plan.max_spawns_per_minute.is_some();
+        || plan.max_spawns_per_minute.is_some()
+        || plan.max_concurrent_calls.is_some()
+        || plan.model_caps.is_some()
+        || plan.rate_governor.is_some();
     let team = declared.then(|| {
         let mut fields = Vec::new();
         if plan.team_budget_usd.is_some() && cfg.team_budget_usd != plan.team_budget_usd {
@@ -434,6 +460,21 @@ pub fn diff(
             && cfg.max_spawns_per_minute != plan.max_spawns_per_minute
         {
             fields.push("max_spawns_per_minute");
+        }
+        if plan.max_concurrent_calls.is_some()
+            && cfg.max_concurrent_calls != plan.max_concurrent_calls
+        {
+            fields.push("max_concurrent_calls");
+        }
+        if plan
+            .model_caps
+            .as_ref()
+            .is_some_and(|m| *m != cfg.model_caps)
+        {
+            fields.push("model_caps");
+        }
+        if plan.rate_governor.is_some() && cfg.rate_governor != plan.rate_governor {
+            fields.push("rate_governor");
         }
         fields
     });
@@ -641,6 +682,15 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
             }
             if let Some(n) = plan.max_spawns_per_minute {
                 cfg.max_spawns_per_minute = Some(n);
+            }
+            if let Some(n) = plan.max_concurrent_calls {
+                cfg.max_concurrent_calls = Some(n);
+            }
+            if let Some(m) = &plan.model_caps {
+                cfg.model_caps.clone_from(m);
+            }
+            if let Some(m) = plan.rate_governor {
+                cfg.rate_governor = Some(m);
             }
             cfg.hooks.clone_from(&plan.hooks);
             Ok(())

@@ -339,6 +339,16 @@ pub struct TeamConfig {
     /// `max_spawns_per_minute` is set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spawn_times: Vec<f64>,
+    /// At most this many model calls in flight across the team (`lead run
+    /// --max-concurrent-calls`; see [`crate::governor`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_calls: Option<u32>,
+    /// The same per model: model-id prefix -> calls in flight (the longest prefix applies).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_caps: BTreeMap<String, u32>,
+    /// The rate governor, `on` (left out) or `off` (`lead run --rate-governor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_governor: Option<crate::governor::Mode>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -356,6 +366,9 @@ impl Default for TeamConfig {
             max_members: None,
             max_spawns_per_minute: None,
             spawn_times: Vec::new(),
+            max_concurrent_calls: None,
+            model_caps: BTreeMap::new(),
+            rate_governor: None,
             extra: Map::new(),
         }
     }

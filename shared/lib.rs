@@ -10,6 +10,7 @@ pub mod config;
 pub mod cost;
 pub mod error;
 pub mod fsutil;
+pub mod governor;
 pub mod hooks;
 pub mod ids;
 pub mod liveness;

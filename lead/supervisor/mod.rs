@@ -99,6 +99,15 @@ pub struct RunArgs {
     /// take) before it is taken for hung, killed and restarted; 0 turns the watchdog off.
     #[arg(long, default_value_t = 120)]
     watchdog: u64,
+    /// At most this many model calls in flight across the team (the LLM lead's included);
+    /// kept in config.json.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_concurrent_calls: Option<u32>,
+    /// The team's rate governor: a shared cooldown after a rate limit, a learned concurrency
+    /// cap, pacing by the provider's remaining-requests headers. `off` leaves only an explicit
+    /// cap. Kept in config.json.
+    #[arg(long)]
+    rate_governor: Option<troupe::governor::Mode>,
     /// Seconds a request may stay pending (a plan approval, a shutdown before its expiry)
     /// before the team's `request_pending` hooks run for it, once; off unless given.
     #[arg(long, value_parser = parse_secs)]
@@ -137,6 +146,8 @@ impl RunArgs {
             max_members,
             max_spawns_per_minute,
             watchdog,
+            max_concurrent_calls,
+            rate_governor,
             escalate_after,
             prices,
             sandbox,
@@ -160,6 +171,17 @@ impl RunArgs {
         }
         if let Some(b) = team_budget_usd {
             args.extend(["--team-budget-usd".to_owned(), b.to_string()]);
+        }
+        if let Some(n) = max_concurrent_calls {
+            args.extend(["--max-concurrent-calls".to_owned(), n.to_string()]);
+        }
+        if let Some(m) = rate_governor {
+            let m = if *m == troupe::governor::Mode::Off {
+                "off"
+            } else {
+                "on"
+            };
+            args.extend(["--rate-governor".to_owned(), m.to_owned()]);
         }
         if let Some(s) = escalate_after {
             args.extend(["--escalate-after".to_owned(), s.to_string()]);
@@ -349,6 +371,17 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     if let Some(b) = sup.args.team_budget_usd {
         sup.writer.apply(move |c| c.team_budget_usd = Some(b));
         events::log(&sup.team, "team_budget", json!({"budget_usd": b}));
+    }
+    let (calls, governor) = (sup.args.max_concurrent_calls, sup.args.rate_governor);
+    if calls.is_some() || governor.is_some() {
+        sup.writer.apply(move |c| {
+            if calls.is_some() {
+                c.max_concurrent_calls = calls;
+            }
+            if governor.is_some() {
+                c.rate_governor = governor;
+            }
+        });
     }
     let (max_members, max_spawns) = (sup.args.max_members, sup.args.max_spawns_per_minute);
     if max_members.is_some() || max_spawns.is_some() {

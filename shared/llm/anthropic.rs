@@ -147,6 +147,7 @@ impl Provider for Anthropic {
             url: &self.url,
             headers: &self.headers,
             retry: &self.config.retry,
+            model,
         };
         endpoint.post_json(body, parse_error, |text| parse_response(text, model))
     }

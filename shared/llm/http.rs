@@ -120,6 +120,8 @@ pub(crate) struct Endpoint<'a> {
     /// Auth and version headers, values marked sensitive.
     pub headers: &'a HeaderMap,
     pub retry: &'a RetryPolicy,
+    /// The model asked for (a team may cap calls per model).
+    pub model: &'a str,
 }
 
 impl Endpoint<'_> {
@@ -131,18 +133,30 @@ impl Endpoint<'_> {
         parse_error: fn(&str) -> Option<ApiError>,
         parse_ok: impl Fn(&str) -> Result<T, String>,
     ) -> Result<T, LlmError> {
+        // The key the calls are made with, for the fingerprint of what a provider limits.
+        let key = ["x-api-key", "authorization"]
+            .iter()
+            .find_map(|h| self.headers.get(*h))
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        let fp = super::gate::fingerprint(self.url, &key);
         retry::run(
             self.retry,
             self.provider,
             &mut std::thread::sleep,
             &mut retry::random_unit,
-            |attempt| self.attempt(attempt, &body, parse_error, &parse_ok),
+            |attempt| {
+                // Each attempt waits as the team's governor says, holding a call slot.
+                let _slot = super::gate::current().map(|g| g.enter(&fp, self.model));
+                self.attempt(attempt, &fp, &body, parse_error, &parse_ok)
+            },
         )
     }
 
     fn attempt<T>(
         &self,
         attempt: u32,
+        fp: &str,
         body: &[u8],
         parse_error: fn(&str) -> Option<ApiError>,
         parse_ok: &impl Fn(&str) -> Result<T, String>,
@@ -210,6 +224,16 @@ impl Endpoint<'_> {
             }
         };
         debug!(provider = self.provider, status, request_id = ?request_id, "llm response");
+        if let Some(g) = super::gate::current() {
+            let quota = !(200..300).contains(&status)
+                && parse_error(&text)
+                    .and_then(|e| e.kind)
+                    .is_some_and(|k| is_quota_kind(&k));
+            g.observe(
+                fp,
+                &super::gate::seen(status, &headers, quota, SystemTime::now()),
+            );
+        }
 
         if (200..300).contains(&status) {
             return parse_ok(&text).map_err(|why| AttemptError::Transient {

@@ -25,6 +25,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod gate;
 mod http;
 pub mod openai;
 pub mod replay;

@@ -155,6 +155,7 @@ impl Provider for OpenAi {
             url: &self.url,
             headers: &self.headers,
             retry: &self.config.retry,
+            model,
         };
         endpoint.post_json(body, parse_error, |text| parse_response(text, model))
     }

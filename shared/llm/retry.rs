@@ -148,7 +148,7 @@ pub fn parse_http_date(value: &str) -> Option<SystemTime> {
 
 /// Days from 1970-01-01 to the given proleptic Gregorian date. Counts in 400-year eras whose
 /// years start in March, so the leap day falls at the end of each year.
-fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
+pub(crate) fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
     let year = if month <= 2 { year - 1 } else { year };
     let era = year.div_euclid(400);
     let year_of_era = year - era * 400;

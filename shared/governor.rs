@@ -1,0 +1,433 @@
+//! The team's rate governor: one view of each model endpoint's limits, shared by every member
+//! (the LLM lead included), so that N teammates do not meet a provider's limit N times.
+//!
+//! Installed as this process's [`crate::llm::gate::Gate`]; per endpoint (a fingerprint of URL
+//! and key, never the key):
+//!
+//! - **a shared cooldown**: a 429, 529 or overloaded 503 (not a quota 429) stores the wait it
+//!   asked for (`retry-after`, the reset of the exhausted limit, else the backoff) and every
+//!   member waits it out, with jitter, before its next attempt there;
+//! - **a concurrency cap**: at most `max_concurrent_calls` attempts in flight across the team
+//!   (`[model_caps]` per model), each holding a flock'd slot a crash releases; without a cap,
+//!   an adaptive one (AIMD, as TCP): halved at a rate limit (not below 1, once per cooldown),
+//!   one more after each quiet window;
+//! - **pacing**: where answers say how many requests are left in the provider's window, the
+//!   team spends them and then waits for the reset, before any 429.
+//!
+//! `rate_governor = "off"` (`lead run --rate-governor off`) leaves only an explicit cap. The
+//! state lives in the team dir, `govern/FINGERPRINT/` (`state.json` under `state.lock`, and
+//! `slot.K`); the policy is pure ([`Limits`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::TeamConfig;
+use crate::fsutil;
+use crate::llm::gate::{Gate, Seen};
+use crate::teamdir::TeamDir;
+
+/// The adaptive cap a team starts from (no limit seen yet).
+pub const START_LIMIT: f64 = 64.0;
+/// A rate limit's answer-free time after which the adaptive cap grows by one.
+pub const QUIET_WINDOW: f64 = 5.0;
+/// The wait after a rate limit whose answer named none.
+pub const DEFAULT_WAIT: f64 = 1.0;
+
+/// Whether the team's rate governor is on (the default) or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    On,
+    Off,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "on" => Ok(Mode::On),
+            "off" => Ok(Mode::Off),
+            _ => Err(format!("expected on or off, not {s:?}")),
+        }
+    }
+}
+
+/// One endpoint's limits as the team has learned them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// No attempt before this (Unix seconds).
+    pub cooldown_until: f64,
+    /// The adaptive cap.
+    pub limit: f64,
+    /// No halving again before this (the cooldown it began).
+    pub halve_after: f64,
+    /// When the cap last changed.
+    pub changed_at: f64,
+    /// Requests left in the provider's window, as its answers and our attempts since say.
+    pub remaining: Option<u64>,
+    /// When that window resets.
+    pub reset_at: f64,
+    /// Rate limits met, in all.
+    pub limited: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            cooldown_until: 0.0,
+            limit: START_LIMIT,
+            halve_after: 0.0,
+            changed_at: 0.0,
+            remaining: None,
+            reset_at: 0.0,
+            limited: 0,
+        }
+    }
+}
+
+impl Limits {
+    /// How long an attempt at `now` must wait first; `None`: it may go.
+    pub fn wait(&self, now: f64) -> Option<f64> {
+        if self.cooldown_until > now {
+            return Some(self.cooldown_until - now);
+        }
+        if self.remaining == Some(0) && self.reset_at > now {
+            return Some(self.reset_at - now);
+        }
+        None
+    }
+
+    /// An attempt goes at `now`: one request of the window spent.
+    pub fn spend(&mut self, now: f64) {
+        if self.reset_at > now
+            && let Some(r) = self.remaining.as_mut()
+        {
+            *r = r.saturating_sub(1);
+        }
+    }
+
+    /// What an answer said, with `in_flight` attempts out (this one included).
+    pub fn observe(&mut self, seen: &Seen, now: f64, in_flight: usize) {
+        if let Some(r) = seen.remaining_requests {
+            let reset = now + seen.requests_reset.map_or(1.0, |d| d.as_secs_f64());
+            if reset > self.reset_at + 0.5 || self.reset_at <= now {
+                // A new window.
+                self.remaining = Some(r);
+            } else {
+                self.remaining = Some(self.remaining.map_or(r, |have| have.min(r)));
+            }
+            self.reset_at = self.reset_at.max(reset);
+        }
+        if seen.limited {
+            self.limited += 1;
+            let wait = seen.wait.map_or(DEFAULT_WAIT, |d| d.as_secs_f64());
+            self.cooldown_until = self.cooldown_until.max(now + wait);
+            if now >= self.halve_after {
+                let base = self.limit.min(in_flight.max(1) as f64);
+                self.limit = (base / 2.0).floor().max(1.0);
+                self.halve_after = self.cooldown_until;
+                self.changed_at = now;
+            }
+        } else if (200..300).contains(&seen.status)
+            && now >= self.halve_after
+            && now - self.changed_at >= QUIET_WINDOW
+            && self.limit < START_LIMIT
+        {
+            self.limit += 1.0;
+            self.changed_at = now;
+        }
+    }
+}
+
+/// The cap on attempts in flight at an endpoint for `model`: the team's explicit one (the
+/// model's own first), else the adaptive one while the governor is on; `None`: no cap.
+pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<usize> {
+    let by_model = cfg
+        .model_caps
+        .iter()
+        .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, n)| *n);
+    match by_model.or(cfg.max_concurrent_calls) {
+        Some(n) => Some(n as usize),
+        None if cfg.rate_governor.unwrap_or_default() == Mode::On => Some(limits.limit as usize),
+        None => None,
+    }
+}
+
+/// The governor of one process (see the module doc).
+pub struct Governor {
+    team: TeamDir,
+    /// The LLM lead's process: it goes first (polls for a slot more often).
+    lead: bool,
+    cfg: Mutex<(Option<Instant>, TeamConfig)>,
+}
+
+/// How long the team's settings are kept before they are read again.
+const SETTINGS_TTL: Duration = Duration::from_secs(2);
+
+impl Governor {
+    pub fn new(team: &TeamDir, lead: bool) -> Governor {
+        Governor {
+            team: team.clone(),
+            lead,
+            cfg: Mutex::new((None, TeamConfig::default())),
+        }
+    }
+
+    /// Installs a governor for `team` as this process's gate (on a team dir's files; a team
+    /// on a bus is not governed yet).
+    pub fn install(team: &TeamDir, lead: bool) {
+        if matches!(team.store(), crate::store::Store::Files(_)) {
+            crate::llm::gate::install(Box::new(Governor::new(team, lead)));
+        }
+    }
+
+    fn settings(&self) -> TeamConfig {
+        let mut kept = self.cfg.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.0.is_none_or(|t| t.elapsed() >= SETTINGS_TTL)
+            && let Ok(cfg) = crate::config::Roster::new(&self.team).load_team()
+        {
+            *kept = (Some(Instant::now()), cfg);
+        }
+        kept.1.clone()
+    }
+
+    fn dir(&self, endpoint: &str) -> PathBuf {
+        self.team.root().join("govern").join(endpoint)
+    }
+
+    /// Reads, changes and writes the endpoint's limits under its lock.
+    fn with_limits<R>(&self, endpoint: &str, f: impl FnOnce(&mut Limits) -> R) -> Option<R> {
+        let dir = self.dir(endpoint);
+        fsutil::create_dir(&dir).ok()?;
+        let _held = fsutil::HeldLock::acquire(&dir.join("state.lock")).ok()?;
+        let path = dir.join("state.json");
+        let mut limits: Limits = fsutil::read_optional(&path)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let before = limits.clone();
+        let out = f(&mut limits);
+        if limits != before {
+            write_soft(&path, &limits);
+        }
+        Some(out)
+    }
+
+    /// The slots held now, of the first `n` (an estimate of the attempts in flight).
+    fn held_slots(&self, endpoint: &str, n: usize) -> usize {
+        let dir = self.dir(endpoint);
+        (0..n.min(START_LIMIT as usize))
+            .filter(|k| {
+                fsutil::HeldLock::try_acquire(&dir.join(format!("slot.{k}")))
+                    .is_ok_and(|h| h.is_none())
+            })
+            .count()
+    }
+}
+
+/// Writes the limits in place, without an fsync: they are soft state (a torn file reads as
+/// the defaults).
+fn write_soft(path: &Path, limits: &Limits) {
+    use std::os::unix::fs::FileExt;
+    let Ok(bytes) = serde_json::to_vec(limits) else {
+        return;
+    };
+    if let Ok(f) = fsutil::open_rw(path) {
+        let _ = f
+            .write_all_at(&bytes, 0)
+            .and_then(|()| f.set_len(bytes.len() as u64));
+    }
+}
+
+/// A held call slot (or none, with no cap).
+struct Slot(#[allow(dead_code)] Option<fsutil::HeldLock>);
+
+impl Gate for Governor {
+    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send> {
+        let poll = if self.lead {
+            Duration::from_millis(5)
+        } else {
+            Duration::from_millis(25)
+        };
+        loop {
+            let cfg = self.settings();
+            let on = cfg.rate_governor.unwrap_or_default() == Mode::On;
+            let limits = if on {
+                self.with_limits(endpoint, |l| l.clone())
+                    .unwrap_or_default()
+            } else {
+                Limits::default()
+            };
+            let now = fsutil::now();
+            if on && let Some(wait) = limits.wait(now) {
+                // Jitter: the members released together do not all go at once.
+                let jitter = crate::llm::retry::random_unit() * (wait * 0.25).min(0.5);
+                std::thread::sleep(Duration::from_secs_f64((wait + jitter).min(5.0)));
+                continue;
+            }
+            let slot = match cap(&cfg, model, &limits) {
+                None => None,
+                Some(n) => {
+                    let dir = self.dir(endpoint);
+                    let _ = fsutil::create_dir(&dir);
+                    let taken = (0..n.max(1)).find_map(|k| {
+                        fsutil::HeldLock::try_acquire(&dir.join(format!("slot.{k}")))
+                            .ok()
+                            .flatten()
+                    });
+                    match taken {
+                        Some(h) => Some(h),
+                        None => {
+                            std::thread::sleep(poll);
+                            continue;
+                        }
+                    }
+                }
+            };
+            if on {
+                // Spend one request of the window, unless it ran out meanwhile.
+                let went = self
+                    .with_limits(endpoint, |l| {
+                        let now = fsutil::now();
+                        if l.wait(now).is_some() {
+                            return false;
+                        }
+                        l.spend(now);
+                        true
+                    })
+                    .unwrap_or(true);
+                if !went {
+                    continue;
+                }
+            }
+            return Box::new(Slot(slot));
+        }
+    }
+
+    fn observe(&self, endpoint: &str, seen: &Seen) {
+        let cfg = self.settings();
+        if cfg.rate_governor.unwrap_or_default() == Mode::Off {
+            return;
+        }
+        let in_flight = if seen.limited {
+            self.held_slots(endpoint, START_LIMIT as usize)
+        } else {
+            0
+        };
+        let now = fsutil::now();
+        let newly = self.with_limits(endpoint, |l| {
+            let was = l.cooldown_until;
+            l.observe(seen, now, in_flight);
+            l.cooldown_until > was && was <= now
+        });
+        if seen.limited && newly == Some(true) {
+            crate::events::log(
+                &self.team,
+                "rate_limited",
+                serde_json::json!({"endpoint": endpoint, "status": seen.status,
+                    "wait_secs": seen.wait.map(|d| d.as_secs_f64())}),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited(wait: Option<f64>) -> Seen {
+        Seen {
+            status: 429,
+            limited: true,
+            wait: wait.map(Duration::from_secs_f64),
+            ..Seen::default()
+        }
+    }
+
+    fn ok(remaining: Option<u64>, reset: f64) -> Seen {
+        Seen {
+            status: 200,
+            remaining_requests: remaining,
+            requests_reset: Some(Duration::from_secs_f64(reset)),
+            ..Seen::default()
+        }
+    }
+
+    #[test]
+    fn a_rate_limit_cools_everyone_down_and_halves_the_cap_once() {
+        let mut l = Limits::default();
+        l.observe(&limited(Some(2.0)), 100.0, 8);
+        assert_eq!(l.wait(100.5), Some(1.5));
+        assert_eq!(l.limit, 4.0);
+        // More 429s of the same burst: the cooldown may grow, the cap is not halved again.
+        l.observe(&limited(Some(3.0)), 100.1, 8);
+        assert_eq!(l.limit, 4.0);
+        assert!((l.cooldown_until - 103.1).abs() < 1e-9);
+        assert_eq!(l.wait(104.0), None);
+        // The next episode halves again, never below 1.
+        for t in [110.0, 120.0, 130.0, 140.0] {
+            l.observe(&limited(None), t, 8);
+        }
+        assert_eq!(l.limit, 1.0);
+        assert_eq!(l.limited, 6);
+    }
+
+    #[test]
+    fn quiet_windows_grow_the_cap_by_one() {
+        let mut l = Limits::default();
+        l.observe(&limited(Some(1.0)), 0.0, 4);
+        assert_eq!(l.limit, 2.0);
+        l.observe(&ok(None, 1.0), 2.0, 0);
+        assert_eq!(l.limit, 2.0, "not quiet long enough");
+        l.observe(&ok(None, 1.0), 6.0, 0);
+        assert_eq!(l.limit, 3.0);
+        l.observe(&ok(None, 1.0), 7.0, 0);
+        assert_eq!(l.limit, 3.0);
+        l.observe(&ok(None, 1.0), 11.5, 0);
+        assert_eq!(l.limit, 4.0);
+    }
+
+    #[test]
+    fn pacing_spends_the_window_and_waits_for_its_reset() {
+        let mut l = Limits::default();
+        l.observe(&ok(Some(2), 1.0), 10.0, 0);
+        assert_eq!(l.wait(10.1), None);
+        l.spend(10.1);
+        l.spend(10.2);
+        assert_eq!(l.remaining, Some(0));
+        assert!((l.wait(10.5).unwrap() - 0.5).abs() < 1e-9);
+        // A late answer of the same window does not give back what was spent.
+        l.observe(&ok(Some(1), 0.9), 10.1, 0);
+        assert_eq!(l.remaining, Some(0));
+        // The next window starts afresh.
+        assert_eq!(l.wait(11.0), None);
+        l.observe(&ok(Some(5), 1.0), 11.0, 0);
+        assert_eq!(l.remaining, Some(5));
+    }
+
+    #[test]
+    fn the_cap_is_the_models_then_the_teams_then_the_learned_one() {
+        let mut cfg = TeamConfig::default();
+        let l = Limits {
+            limit: 3.0,
+            ..Limits::default()
+        };
+        assert_eq!(cap(&cfg, "m", &l), Some(3));
+        cfg.rate_governor = Some(Mode::Off);
+        assert_eq!(cap(&cfg, "m", &l), None);
+        cfg.max_concurrent_calls = Some(5);
+        assert_eq!(cap(&cfg, "m", &l), Some(5));
+        cfg.model_caps.insert("claude-opus".into(), 1);
+        cfg.model_caps.insert("claude".into(), 2);
+        assert_eq!(cap(&cfg, "claude-opus-4", &l), Some(1));
+        assert_eq!(cap(&cfg, "claude-haiku", &l), Some(2));
+        assert_eq!(cap(&cfg, "gpt", &l), Some(5));
+    }
+}
