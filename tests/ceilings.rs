@@ -79,10 +79,13 @@ fn a_spawn_beyond_max_members_exits_4_naming_the_ceiling_and_changes_nothing() {
             .inbox(&troupe::teamdir::AgentName::teammate("d").unwrap())
             .exists()
     );
-    // A member shut down leaves a place.
-    wait_until(T, "a idle", || {
-        (team.status("a") == MemberStatus::Idle).then_some(())
-    });
+    // A member shut down leaves a place. (Everyone idle first: the replies queued next are
+    // a's alone.)
+    for name in ["a", "b", "c"] {
+        wait_until(T, &format!("{name} idle"), || {
+            (team.status(name) == MemberStatus::Idle).then_some(())
+        });
+    }
     let o = out(&mut lead(&team, &url, &["shutdown", "a"]));
     assert!(o.status.success(), "{o:?}");
     let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
