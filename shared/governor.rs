@@ -29,8 +29,11 @@ use crate::fsutil;
 use crate::llm::gate::{Gate, Seen};
 use crate::teamdir::TeamDir;
 
-/// The adaptive cap a team starts from (no limit seen yet).
-pub const START_LIMIT: f64 = 64.0;
+/// The adaptive cap a team starts from: a new team's first calls are staggered, and each
+/// answer without a rate limit adds one until the first limit is met (TCP's slow start).
+pub const START_LIMIT: f64 = 2.0;
+/// The most the adaptive cap grows to.
+pub const MAX_LIMIT: f64 = 64.0;
 /// A rate limit's answer-free time after which the adaptive cap grows by one.
 pub const QUIET_WINDOW: f64 = 5.0;
 /// The wait after a rate limit whose answer named none.
@@ -73,7 +76,17 @@ pub struct Limits {
     pub reset_at: f64,
     /// Rate limits met, in all.
     pub limited: u64,
+    /// No rate limit met yet: the cap grows with every answer.
+    #[serde(default)]
+    pub slow_start: bool,
+    /// When the attempts now in flight began (an attempt's entry goes when it ends; one a
+    /// crash left goes after [`IN_FLIGHT_MAX`]).
+    #[serde(default)]
+    pub in_flight: Vec<f64>,
 }
+
+/// The longest an attempt counts as in flight without ending.
+pub const IN_FLIGHT_MAX: f64 = 900.0;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -85,6 +98,8 @@ impl Default for Limits {
             remaining: None,
             reset_at: 0.0,
             limited: 0,
+            slow_start: true,
+            in_flight: Vec::new(),
         }
     }
 }
@@ -101,18 +116,29 @@ impl Limits {
         None
     }
 
-    /// An attempt goes at `now`: one request of the window spent.
+    /// An attempt goes at `now`: one request of the window spent, and one more in flight.
     pub fn spend(&mut self, now: f64) {
         if self.reset_at > now
             && let Some(r) = self.remaining.as_mut()
         {
             *r = r.saturating_sub(1);
         }
+        self.in_flight.retain(|&t| now - t < IN_FLIGHT_MAX);
+        self.in_flight.push(now);
+    }
+
+    /// An attempt ended.
+    pub fn ended(&mut self) {
+        if !self.in_flight.is_empty() {
+            self.in_flight.remove(0);
+        }
     }
 
     /// What an answer said, with `in_flight` attempts out (this one included).
     pub fn observe(&mut self, seen: &Seen, now: f64, in_flight: usize) {
         if let Some(r) = seen.remaining_requests {
+            // The others in flight may not be counted in what the provider says is left.
+            let r = r.saturating_sub(self.in_flight.len().saturating_sub(1) as u64);
             let reset = now + seen.requests_reset.map_or(1.0, |d| d.as_secs_f64());
             if reset > self.reset_at + 0.5 || self.reset_at <= now {
                 // A new window.
@@ -124,6 +150,7 @@ impl Limits {
         }
         if seen.limited {
             self.limited += 1;
+            self.slow_start = false;
             let wait = seen.wait.map_or(DEFAULT_WAIT, |d| d.as_secs_f64());
             self.cooldown_until = self.cooldown_until.max(now + wait);
             if now >= self.halve_after {
@@ -132,10 +159,13 @@ impl Limits {
                 self.halve_after = self.cooldown_until;
                 self.changed_at = now;
             }
+        } else if (200..300).contains(&seen.status) && self.slow_start {
+            self.limit = (self.limit + 1.0).min(MAX_LIMIT);
+            self.changed_at = now;
         } else if (200..300).contains(&seen.status)
             && now >= self.halve_after
             && now - self.changed_at >= QUIET_WINDOW
-            && self.limit < START_LIMIT
+            && self.limit < MAX_LIMIT
         {
             self.limit += 1.0;
             self.changed_at = now;
@@ -219,17 +249,6 @@ impl Governor {
         }
         Some(out)
     }
-
-    /// The slots held now, of the first `n` (an estimate of the attempts in flight).
-    fn held_slots(&self, endpoint: &str, n: usize) -> usize {
-        let dir = self.dir(endpoint);
-        (0..n.min(START_LIMIT as usize))
-            .filter(|k| {
-                fsutil::HeldLock::try_acquire(&dir.join(format!("slot.{k}")))
-                    .is_ok_and(|h| h.is_none())
-            })
-            .count()
-    }
 }
 
 /// Writes the limits in place, without an fsync: they are soft state (a torn file reads as
@@ -246,11 +265,24 @@ fn write_soft(path: &Path, limits: &Limits) {
     }
 }
 
-/// A held call slot (or none, with no cap).
-struct Slot(#[allow(dead_code)] Option<fsutil::HeldLock>);
+/// A held call slot (or none, with no cap); its end is noted in the endpoint's limits.
+struct Slot<'a> {
+    governor: &'a Governor,
+    endpoint: String,
+    counted: bool,
+    _held: Option<fsutil::HeldLock>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.governor.with_limits(&self.endpoint, Limits::ended);
+        }
+    }
+}
 
 impl Gate for Governor {
-    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send> {
+    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send + '_> {
         let poll = if self.lead {
             Duration::from_millis(5)
         } else {
@@ -307,7 +339,12 @@ impl Gate for Governor {
                     continue;
                 }
             }
-            return Box::new(Slot(slot));
+            return Box::new(Slot {
+                governor: self,
+                endpoint: endpoint.to_owned(),
+                counted: on,
+                _held: slot,
+            });
         }
     }
 
@@ -316,14 +353,10 @@ impl Gate for Governor {
         if cfg.rate_governor.unwrap_or_default() == Mode::Off {
             return;
         }
-        let in_flight = if seen.limited {
-            self.held_slots(endpoint, START_LIMIT as usize)
-        } else {
-            0
-        };
         let now = fsutil::now();
         let newly = self.with_limits(endpoint, |l| {
             let was = l.cooldown_until;
+            let in_flight = l.in_flight.len();
             l.observe(seen, now, in_flight);
             l.cooldown_until > was && was <= now
         });
@@ -362,7 +395,10 @@ mod tests {
 
     #[test]
     fn a_rate_limit_cools_everyone_down_and_halves_the_cap_once() {
-        let mut l = Limits::default();
+        let mut l = Limits {
+            limit: MAX_LIMIT,
+            ..Limits::default()
+        };
         l.observe(&limited(Some(2.0)), 100.0, 8);
         assert_eq!(l.wait(100.5), Some(1.5));
         assert_eq!(l.limit, 4.0);
@@ -380,8 +416,27 @@ mod tests {
     }
 
     #[test]
-    fn quiet_windows_grow_the_cap_by_one() {
+    fn a_new_team_starts_slow_and_grows_with_each_answer_until_a_limit() {
         let mut l = Limits::default();
+        assert_eq!(l.limit, START_LIMIT);
+        for t in 0..4 {
+            l.observe(&ok(None, 1.0), f64::from(t), 0);
+        }
+        assert_eq!(l.limit, START_LIMIT + 4.0);
+        l.observe(&limited(Some(1.0)), 5.0, 5);
+        assert_eq!(l.limit, 2.0);
+        assert!(!l.slow_start);
+        l.observe(&ok(None, 1.0), 6.5, 0);
+        assert_eq!(l.limit, 2.0, "from here on, one more per quiet window");
+    }
+
+    #[test]
+    fn quiet_windows_grow_the_cap_by_one() {
+        let mut l = Limits {
+            limit: MAX_LIMIT,
+            slow_start: false,
+            ..Limits::default()
+        };
         l.observe(&limited(Some(1.0)), 0.0, 4);
         assert_eq!(l.limit, 2.0);
         l.observe(&ok(None, 1.0), 2.0, 0);
@@ -406,9 +461,14 @@ mod tests {
         // A late answer of the same window does not give back what was spent.
         l.observe(&ok(Some(1), 0.9), 10.1, 0);
         assert_eq!(l.remaining, Some(0));
-        // The next window starts afresh.
+        // The next window starts afresh, less what the others still in flight may take.
         assert_eq!(l.wait(11.0), None);
         l.observe(&ok(Some(5), 1.0), 11.0, 0);
+        assert_eq!(l.remaining, Some(4), "one other attempt is in flight");
+        l.ended();
+        l.ended();
+        assert!(l.in_flight.is_empty());
+        l.observe(&ok(Some(5), 1.0), 12.5, 0);
         assert_eq!(l.remaining, Some(5));
     }
 

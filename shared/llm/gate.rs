@@ -37,7 +37,7 @@ pub struct Seen {
 pub trait Gate: Send + Sync {
     /// Before an attempt at `endpoint` (a fingerprint of URL and key), for `model`: waits as
     /// the team's limits say and returns what holds the attempt's slot until it is dropped.
-    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send>;
+    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send + '_>;
     /// What the attempt's answer said.
     fn observe(&self, endpoint: &str, seen: &Seen);
 }
