@@ -35,11 +35,13 @@
 //!   asserted ([`targets`]).
 
 mod cache_stub;
+mod governed;
 mod inbox;
 mod lead;
 mod machine;
 mod measure;
 mod prompt_cache;
+mod rate_stub;
 mod redis;
 mod redis_admin;
 mod redis_compare;
@@ -140,6 +142,11 @@ pub struct BenchArgs {
     /// each grew from the first size to the last (issue 24).
     #[arg(long, value_parser = scale::parse_sizes, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only", "redis_compare", "team_only"])]
     pub scale: Option<scale::Sizes>,
+    /// Run only the governed-load section (issue 25): 8 teammates x 6 calls against stubs
+    /// that limit them (a window of 6 a second, 3 at once, 10 a second with remaining-requests
+    /// headers), with the rate governor off, by default and with a cap of 3: 429s and wall time.
+    #[arg(long, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only", "redis_compare", "team_only", "scale"])]
+    pub governed_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -195,6 +202,10 @@ fn run_in(a: &BenchArgs, bus: Option<&str>, scratch: &Path) -> anyhow::Result<Va
     let mut doc = machine::header(scratch);
     if a.sandbox_only {
         doc["bash"] = section(sandbox::bash_round_trip(scratch));
+        return Ok(doc);
+    }
+    if a.governed_only {
+        doc["governed"] = section(governed::run(&lead::lead_exe()?, scratch));
         return Ok(doc);
     }
     if a.prompt_cache_only {
