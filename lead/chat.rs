@@ -155,7 +155,7 @@ fn settings(
 pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
     let team = TeamDir::create(team_dir)?;
     // The LLM lead's calls share the team's limits, and go first for a slot.
-    troupe::governor::Governor::install(&team, true);
+    troupe::governor::Governor::install(&team, troupe::teamdir::LEAD);
     let workdir = match &a.workdir {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("failed to read the current directory")?,

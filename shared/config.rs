@@ -83,6 +83,8 @@ pub enum ActivityState {
     Working,
     /// The model API failed through all its retries; the next try is at `until`.
     WaitingApi,
+    /// A model call waits for one of the team's call slots (the rate governor's cap).
+    WaitingSlot,
     /// A spend cap or exhausted quota: no call until a new message arrives.
     Paused,
     /// Waiting for messages.
@@ -98,6 +100,7 @@ impl ActivityState {
             ActivityState::Starting => "starting",
             ActivityState::Working => "working",
             ActivityState::WaitingApi => "waiting_api",
+            ActivityState::WaitingSlot => "waiting_slot",
             ActivityState::Paused => "paused",
             ActivityState::Idle => "idle",
             ActivityState::Restarting => "restarting",

@@ -8,26 +8,30 @@
 //!   asked for (`retry-after`, the reset of the exhausted limit, else the backoff) and every
 //!   member waits it out, with jitter, before its next attempt there;
 //! - **a concurrency cap**: at most `max_concurrent_calls` attempts in flight across the team
-//!   (`[model_caps]` per model), each holding a flock'd slot a crash releases; without a cap,
+//!   (`[model_caps]` per model), each holding a slot a crash releases, taken first come,
+//!   first served (the LLM lead first; waits show as `doing: waiting_slot`); without a cap,
 //!   an adaptive one (AIMD, as TCP): halved at a rate limit (not below 1, once per cooldown),
 //!   one more after each quiet window;
 //! - **pacing**: where answers say how many requests are left in the provider's window, the
 //!   team spends them and then waits for the reset, before any 429.
 //!
+//! The lead is told, in a status update, when a cooldown begins (at most once a minute).
 //! `rate_governor = "off"` (`lead run --rate-governor off`) leaves only an explicit cap. The
-//! state lives in the team dir, `govern/FINGERPRINT/` (`state.json` under `state.lock`, and
-//! `slot.K`); the policy is pure ([`Limits`]).
+//! state and the slots are shared through the store ([`crate::store::govern`]: files in the
+//! team dir, or the bus of a team spread over hosts); the policy is pure ([`Limits`]).
 
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::TeamConfig;
 use crate::fsutil;
+use crate::inbox::{Durability, Inbox};
 use crate::llm::gate::{Gate, Seen};
-use crate::teamdir::TeamDir;
+use crate::message::{Message, MessageType};
+use crate::store::govern::Pool;
+use crate::teamdir::{AgentName, LEAD, TeamDir};
 
 /// The adaptive cap a team starts from: a new team's first calls are staggered, and each
 /// answer without a rate limit adds one until the first limit is met (TCP's slow start).
@@ -83,6 +87,9 @@ pub struct Limits {
     /// crash left goes after [`IN_FLIGHT_MAX`]).
     #[serde(default)]
     pub in_flight: Vec<f64>,
+    /// When the lead was last told the team is rate limited here.
+    #[serde(default)]
+    pub told_at: f64,
 }
 
 /// The longest an attempt counts as in flight without ending.
@@ -100,6 +107,7 @@ impl Default for Limits {
             limited: 0,
             slow_start: true,
             in_flight: Vec::new(),
+            told_at: 0.0,
         }
     }
 }
@@ -192,29 +200,50 @@ pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<usize> {
 /// The governor of one process (see the module doc).
 pub struct Governor {
     team: TeamDir,
-    /// The LLM lead's process: it goes first (polls for a slot more often).
+    /// Who this process is (a member's name, or `lead`), for the queue and its messages.
+    who: String,
+    /// The LLM lead's process: it goes first in the slots' queue.
     lead: bool,
     cfg: Mutex<(Option<Instant>, TeamConfig)>,
 }
 
 /// How long the team's settings are kept before they are read again.
 const SETTINGS_TTL: Duration = Duration::from_secs(2);
+/// A wait for a slot longer than this shows in the member's record (`doing: waiting_slot`).
+const SHOW_WAIT: Duration = Duration::from_millis(200);
+/// The lead is told the team is rate limited at most this often per endpoint (seconds).
+const TELL_EVERY: f64 = 60.0;
+
+/// What is told of this process's waits for a slot (true: waiting; false: no longer).
+static WAITING: OnceLock<Box<dyn Fn(bool) + Send + Sync>> = OnceLock::new();
+
+/// Has `f` told whenever this process begins (true) and ends (false) a wait for a call slot
+/// longer than a moment; the first one given stays.
+pub fn on_wait(f: impl Fn(bool) + Send + Sync + 'static) {
+    let _ = WAITING.set(Box::new(f));
+}
+
+fn tell_waiting(waiting: bool) {
+    if let Some(f) = WAITING.get() {
+        f(waiting);
+    }
+}
 
 impl Governor {
-    pub fn new(team: &TeamDir, lead: bool) -> Governor {
+    /// The governor of process `who` (a member's name, or `lead` for the LLM lead).
+    pub fn new(team: &TeamDir, who: &str) -> Governor {
         Governor {
             team: team.clone(),
-            lead,
+            who: who.to_owned(),
+            lead: who == crate::teamdir::LEAD,
             cfg: Mutex::new((None, TeamConfig::default())),
         }
     }
 
-    /// Installs a governor for `team` as this process's gate (on a team dir's files; a team
-    /// on a bus is not governed yet).
-    pub fn install(team: &TeamDir, lead: bool) {
-        if matches!(team.store(), crate::store::Store::Files(_)) {
-            crate::llm::gate::install(Box::new(Governor::new(team, lead)));
-        }
+    /// Installs a governor for `team` as this process's gate, for `who` (see
+    /// [`Governor::new`]); on either backend, so a team spread over hosts shares one.
+    pub fn install(team: &TeamDir, who: &str) {
+        crate::llm::gate::install(Box::new(Governor::new(team, who)));
     }
 
     fn settings(&self) -> TeamConfig {
@@ -227,73 +256,82 @@ impl Governor {
         kept.1.clone()
     }
 
-    fn dir(&self, endpoint: &str) -> PathBuf {
-        self.team.root().join("govern").join(endpoint)
+    fn pool(&self, endpoint: &str) -> Pool {
+        Pool::new(self.team.store(), endpoint)
     }
 
-    /// Reads, changes and writes the endpoint's limits under its lock.
-    fn with_limits<R>(&self, endpoint: &str, f: impl FnOnce(&mut Limits) -> R) -> Option<R> {
-        let dir = self.dir(endpoint);
-        fsutil::create_dir(&dir).ok()?;
-        let _held = fsutil::HeldLock::acquire(&dir.join("state.lock")).ok()?;
-        let path = dir.join("state.json");
-        let mut limits: Limits = fsutil::read_optional(&path)
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        let before = limits.clone();
-        let out = f(&mut limits);
-        if limits != before {
-            write_soft(&path, &limits);
+    /// Reads, changes and writes the endpoint's limits under their lock (`None`: the store
+    /// failed; the governor is soft, and a call goes on without it).
+    fn with_limits<R>(&self, pool: &Pool, f: impl FnOnce(&mut Limits) -> R) -> Option<R> {
+        let r = pool.update(|bytes| {
+            // A torn or missing state reads as a fresh start.
+            let mut limits: Limits = bytes
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or_default();
+            let before = limits.clone();
+            let out = f(&mut limits);
+            let next = (limits != before)
+                .then(|| serde_json::to_vec(&limits).ok())
+                .flatten();
+            (next, out)
+        });
+        match r {
+            Ok(out) => Some(out),
+            Err(e) => {
+                tracing::debug!("rate limits not shared: {e}");
+                None
+            }
         }
-        Some(out)
     }
-}
 
-/// Writes the limits in place, without an fsync: they are soft state (a torn file reads as
-/// the defaults).
-fn write_soft(path: &Path, limits: &Limits) {
-    use std::os::unix::fs::FileExt;
-    let Ok(bytes) = serde_json::to_vec(limits) else {
-        return;
-    };
-    if let Ok(f) = fsutil::open_rw(path) {
-        let _ = f
-            .write_all_at(&bytes, 0)
-            .and_then(|()| f.set_len(bytes.len() as u64));
+    /// Tells the lead, in a status update, that the team is being rate limited.
+    fn tell_lead(&self, endpoint: &str, seen: &Seen, limits: &Limits) {
+        let wait = (limits.cooldown_until - fsutil::now()).max(0.0);
+        let text = format!(
+            "The team is being rate limited by the model API (HTTP {}, endpoint {endpoint}): \
+             every member waits {wait:.0} s before its next call there, and the team allows \
+             {} calls at once for now ({} rate limits so far). Fewer teammates working at \
+             once, or a higher limit with the provider, would help.",
+            seen.status, limits.limit as u64, limits.limited
+        );
+        let msg = Message::new(MessageType::StatusUpdate, &self.who, LEAD, text);
+        if let Err(e) = Inbox::new(&self.team, &AgentName::lead()).append(&msg, Durability::Sync) {
+            tracing::warn!("could not tell the lead the team is rate limited: {e}");
+        }
     }
 }
 
 /// A held call slot (or none, with no cap); its end is noted in the endpoint's limits.
-struct Slot<'a> {
+struct Held<'a> {
     governor: &'a Governor,
-    endpoint: String,
+    pool: Pool,
     counted: bool,
-    _held: Option<fsutil::HeldLock>,
+    _slot: Option<crate::store::govern::Slot>,
 }
 
-impl Drop for Slot<'_> {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
         if self.counted {
-            self.governor.with_limits(&self.endpoint, Limits::ended);
+            self.governor.with_limits(&self.pool, Limits::ended);
         }
     }
 }
 
 impl Gate for Governor {
     fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send + '_> {
-        let poll = if self.lead {
-            Duration::from_millis(5)
-        } else {
-            Duration::from_millis(25)
+        let pool = self.pool(endpoint);
+        let poll = match self.team.store() {
+            crate::store::Store::Files(_) => Duration::from_millis(20),
+            crate::store::Store::Redis(_) => Duration::from_millis(50),
         };
-        loop {
+        let began = Instant::now();
+        let mut shown = false;
+        let mut waiter = None;
+        let slot = loop {
             let cfg = self.settings();
             let on = cfg.rate_governor.unwrap_or_default() == Mode::On;
             let limits = if on {
-                self.with_limits(endpoint, |l| l.clone())
-                    .unwrap_or_default()
+                self.with_limits(&pool, |l| l.clone()).unwrap_or_default()
             } else {
                 Limits::default()
             };
@@ -307,26 +345,37 @@ impl Gate for Governor {
             let slot = match cap(&cfg, model, &limits) {
                 None => None,
                 Some(n) => {
-                    let dir = self.dir(endpoint);
-                    let _ = fsutil::create_dir(&dir);
-                    let taken = (0..n.max(1)).find_map(|k| {
-                        fsutil::HeldLock::try_acquire(&dir.join(format!("slot.{k}")))
-                            .ok()
-                            .flatten()
-                    });
-                    match taken {
-                        Some(h) => Some(h),
-                        None => {
+                    if waiter.is_none() {
+                        match pool.queue(&self.who, self.lead) {
+                            Ok(w) => waiter = Some(w),
+                            Err(e) => tracing::debug!("no place in the slots' queue: {e}"),
+                        }
+                    }
+                    match waiter.as_mut().map(|w| w.try_take(n)) {
+                        Some(Ok(Some(s))) => Some(s),
+                        Some(Ok(None)) => {
+                            if !shown && began.elapsed() >= SHOW_WAIT {
+                                shown = true;
+                                tell_waiting(true);
+                            }
                             std::thread::sleep(poll);
                             continue;
                         }
+                        Some(Err(e)) => {
+                            // The store failed: the call goes on ungoverned rather than wait
+                            // for it.
+                            tracing::debug!("no call slot: {e}");
+                            None
+                        }
+                        None => None,
                     }
                 }
             };
             if on {
-                // Spend one request of the window, unless it ran out meanwhile.
+                // Spend one request of the window, unless it ran out meanwhile (the slot is
+                // given back; the place in the queue is kept).
                 let went = self
-                    .with_limits(endpoint, |l| {
+                    .with_limits(&pool, |l| {
                         let now = fsutil::now();
                         if l.wait(now).is_some() {
                             return false;
@@ -339,13 +388,19 @@ impl Gate for Governor {
                     continue;
                 }
             }
-            return Box::new(Slot {
-                governor: self,
-                endpoint: endpoint.to_owned(),
-                counted: on,
-                _held: slot,
-            });
+            break slot;
+        };
+        drop(waiter);
+        if shown {
+            tell_waiting(false);
         }
+        let on = self.settings().rate_governor.unwrap_or_default() == Mode::On;
+        Box::new(Held {
+            governor: self,
+            pool,
+            counted: on,
+            _slot: slot,
+        })
     }
 
     fn observe(&self, endpoint: &str, seen: &Seen) {
@@ -354,19 +409,30 @@ impl Gate for Governor {
             return;
         }
         let now = fsutil::now();
-        let newly = self.with_limits(endpoint, |l| {
+        let pool = self.pool(endpoint);
+        let newly = self.with_limits(&pool, |l| {
             let was = l.cooldown_until;
             let in_flight = l.in_flight.len();
             l.observe(seen, now, in_flight);
-            l.cooldown_until > was && was <= now
+            let began = l.cooldown_until > was && was <= now;
+            let tell = began && now - l.told_at >= TELL_EVERY;
+            if tell {
+                l.told_at = now;
+            }
+            (began, tell.then(|| l.clone()))
         });
-        if seen.limited && newly == Some(true) {
+        if let Some((true, told)) = newly
+            && seen.limited
+        {
             crate::events::log(
                 &self.team,
                 "rate_limited",
                 serde_json::json!({"endpoint": endpoint, "status": seen.status,
-                    "wait_secs": seen.wait.map(|d| d.as_secs_f64())}),
+                    "wait_secs": seen.wait.map(|d| d.as_secs_f64()), "by": self.who}),
             );
+            if let Some(limits) = told {
+                self.tell_lead(endpoint, seen, &limits);
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::config::{ActivityState, Member, MemberStatus};
 /// A member's liveness, as `lead status --json` prints it under `doing`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Doing {
-    /// `starting`, `working`, `waiting_api`, `paused`, `idle`, `restarting`, `spawning` (no
+    /// `starting`, `working`, `waiting_api`, `waiting_slot`, `paused`, `idle`, `restarting`, `spawning` (no
     /// process yet: waiting for a supervisor), `dead` (recorded running, process gone), or the
     /// status itself for members that are down (`shutdown`, `failed`, `stopped`).
     pub state: &'static str,
@@ -83,6 +83,11 @@ pub fn describe(d: &Doing, now: f64) -> String {
             (Some(c), Some(a)) => format!("call {c}, {a}"),
             (_, Some(a)) => format!("working {a}"),
             _ => "working".into(),
+        },
+        "waiting_slot" => match (d.call, ago(d.since)) {
+            (Some(c), Some(a)) => format!("call {c} waits for a call slot, {a}"),
+            (_, Some(a)) => format!("waits for a call slot, {a}"),
+            _ => "waits for a call slot".into(),
         },
         "waiting_api" => format!(
             "API down, retry in {}: {}",

@@ -29,6 +29,11 @@ fn out(c: &mut Command) -> Output {
 /// A team of 8 under `lead run EXTRA`, each given one task that takes 6 calls; returns what
 /// the stub saw once all of them are done.
 fn run(limit: Limit, extra: &[&str]) -> Counts {
+    run_watching(limit, extra, &mut |_| ()).0
+}
+
+/// [`run`], calling `watch` with the team while it waits, and returning the team too.
+fn run_watching(limit: Limit, extra: &[&str], watch: &mut dyn FnMut(&Team)) -> (Counts, Team) {
     let stub = RateStub::start(limit, Duration::from_millis(100), CALLS - 1);
     let team = Team::new();
     let url = stub.url();
@@ -50,6 +55,7 @@ fn run(limit: Limit, extra: &[&str]) -> Counts {
         .spawn()
         .unwrap());
     wait_until(T, "every teammate done with its 6 calls", || {
+        watch(&team);
         let cfg = Roster::new(&team.dir).load().ok()?;
         (cfg.members.len() == MATES
             && cfg
@@ -60,15 +66,34 @@ fn run(limit: Limit, extra: &[&str]) -> Counts {
     });
     let counts = stub.counts();
     assert_eq!(counts.served, (MATES * CALLS) as u64, "{counts:?}");
-    counts
+    (counts, team)
 }
 
 #[test]
 fn a_cap_of_3_against_a_stub_serving_3_at_once_meets_no_429() {
-    let counts = run(Limit::Concurrent { n: 3 }, &["--max-concurrent-calls", "3"]);
+    // Members waiting for a slot say so in `lead status` (5 of 8 wait at any time).
+    let mut waiting_seen = None;
+    let (counts, _team) = run_watching(
+        Limit::Concurrent { n: 3 },
+        &["--max-concurrent-calls", "3"],
+        &mut |team| {
+            if waiting_seen.is_some() {
+                return;
+            }
+            let o = out(&mut lead(team, "http://127.0.0.1:9", &["status", "--json"]));
+            let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            let members = status["members"].as_array().cloned().unwrap_or_default();
+            waiting_seen = members
+                .into_iter()
+                .find(|m| m["doing"]["state"] == "waiting_slot");
+        },
+    );
     eprintln!("concurrent 3, --max-concurrent-calls 3: {counts:?}");
     assert_eq!(counts.limited, 0, "{counts:?}");
     assert!(counts.most_at_once <= 3);
+    let seen = waiting_seen.expect("no member seen waiting_slot in lead status --json");
+    assert_eq!(seen["status"], "working", "{seen}");
+    assert!(seen["doing"]["call"].as_u64().is_some(), "{seen}");
 }
 
 #[test]
@@ -91,9 +116,17 @@ fn the_governor_meets_fewer_429s_than_none_against_a_window_limit() {
         window: Duration::from_secs(1),
     };
     let off = run(limit, &["--rate-governor", "off"]);
-    let on = run(limit, &[]);
+    let (on, team) = run_watching(limit, &[], &mut |_| ());
     eprintln!("window 6/s: governor off {off:?}, default {on:?}");
     assert!(on.limited * 3 <= off.limited, "off {off:?}, default {on:?}");
+    // The lead was told the team is rate limited, once (the run is shorter than a minute).
+    let told: Vec<_> = team
+        .lead_inbox()
+        .into_iter()
+        .filter(|m| m.content.contains("rate limited"))
+        .collect();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].kind, troupe::message::MessageType::StatusUpdate);
 }
 
 #[test]

@@ -185,6 +185,19 @@ fn a_spend_cap_pauses_until_a_message_arrives() {
             .contains("enforced_spend_limit_reached"),
         "{r}"
     );
+    // The lead is told: raising a cap is a person's to do.
+    let told = wait_until(T, "the lead told amy is paused", || {
+        team.lead_inbox().into_iter().find(|m| {
+            m.kind == troupe::message::MessageType::StatusUpdate
+                && m.from == "amy"
+                && m.content.contains("paused")
+        })
+    });
+    assert!(
+        told.content.contains("enforced_spend_limit_reached") || told.content.contains("limit"),
+        "{}",
+        told.content
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(fake.request_count(), 1, "a spend cap was retried");
     let m = team.member("amy");

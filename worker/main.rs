@@ -159,7 +159,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         std::thread::sleep(Duration::from_millis(50));
     };
     // Every model call of this member goes through the team's rate governor.
-    troupe::governor::Governor::install(&team, false);
+    troupe::governor::Governor::install(&team, name.as_str());
     let provider = match troupe::llm::from_env() {
         Ok(p) => p,
         Err(e) => {

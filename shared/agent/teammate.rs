@@ -115,6 +115,32 @@ pub struct Teammate {
     term: Arc<AtomicBool>,
 }
 
+/// Has the rate governor's waits for a call slot show in this member's record as
+/// `waiting_slot` (with the call waited for), and the activity they replaced come back after.
+fn show_slot_waits(team: &crate::TeamDir, name: &str, incarnation: u64) {
+    let team = team.clone();
+    let name = name.to_owned();
+    let replaced: Arc<std::sync::Mutex<Option<Activity>>> = Arc::default();
+    crate::governor::on_wait(move |waiting| {
+        let replaced = Arc::clone(&replaced);
+        let mut w = RosterWriter::new(Roster::new(&team));
+        w.member(&name, Some(incarnation), move |m| {
+            let mut kept = replaced.lock().unwrap_or_else(|p| p.into_inner());
+            let now = m.activity.as_ref().map(|a| a.state);
+            if waiting && now != Some(ActivityState::WaitingSlot) {
+                let call = m.activity.as_ref().and_then(|a| a.call);
+                *kept = m.activity.take();
+                m.activity = Some(Activity {
+                    call,
+                    ..Activity::now(ActivityState::WaitingSlot)
+                });
+            } else if !waiting && now == Some(ActivityState::WaitingSlot) {
+                m.activity = kept.take();
+            }
+        });
+    });
+}
+
 impl Teammate {
     /// Opens the journal, rebuilds the conversation and records the new session. `owner` is
     /// the teammate's liveness lock (`transcripts/NAME.lock`), held for the process's lifetime.
@@ -165,6 +191,7 @@ impl Teammate {
             term,
         };
         t.gate_open = t.plan_approved()?;
+        show_slot_waits(&t.s.team, t.s.name.as_str(), t.incarnation);
         // Written with the first status (one roster rewrite fewer for every start).
         let sandbox = t.s.sandbox.status().clone();
         t.record
@@ -683,6 +710,22 @@ impl Teammate {
                     "paused",
                     json!({"name": self.s.name, "reason": e.to_string()}),
                 );
+                // The lead hears of it: a quota or a spend cap is a person's to raise.
+                let note = Message::new(
+                    MessageType::StatusUpdate,
+                    self.s.name.as_str(),
+                    LEAD,
+                    format!(
+                        "{} is paused: {e}. It makes no model call until a new message \
+                         arrives.",
+                        self.s.name
+                    ),
+                );
+                if let Err(e) =
+                    Inbox::new(&self.s.team, &AgentName::lead()).append(&note, Durability::Sync)
+                {
+                    tracing::warn!("could not tell the lead this member is paused: {e}");
+                }
                 let mut waiter = InboxWaiter::new(&self.inbox)?;
                 loop {
                     let timeout = self.record.is_pending().then_some(Duration::from_secs(1));
@@ -896,7 +939,10 @@ impl Teammate {
             self.conv.compactions,
         );
         self.beater.beat(self.provider.longest_call());
-        let response = match self.provider.complete(&req) {
+        let response = self.provider.complete(&req);
+        // The call's allowance ends with it: a stop right after is seen as soon as any.
+        self.beater.beat(Duration::ZERO);
+        let response = match response {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
@@ -943,7 +989,9 @@ impl Teammate {
             seq: self.conv.calls,
         };
         self.beater.beat(self.provider.longest_call());
-        self.provider.complete(&req)
+        let response = self.provider.complete(&req);
+        self.beater.beat(Duration::ZERO);
+        response
     }
 
     /// [`InboxWaiter::wait`], beating at least every [`crate::store::beat::IDLE_BEAT`]
@@ -990,6 +1038,9 @@ impl Teammate {
         } else {
             self.dispatch_tool(name, input)
         };
+        if !allowance.is_zero() {
+            self.beater.beat(Duration::ZERO);
+        }
         tools::log_call(&self.s.team, self.s.name.as_str(), name, input, &out);
         Ok(out)
     }

@@ -19,6 +19,7 @@
 //! | named locks | [`Store::lock`] |
 //! | leases with an epoch, fencing | [`Store::hold_host`], [`fence`] |
 //! | keys with an expiry (heartbeats), outside the change feed | [`beat`] |
+//! | soft state and counted leases with a FIFO (the rate governor's limits and call slots) | [`govern`] |
 //! | hosts | [`Store::live_hosts`], [`Store::request_stop`], [`Store::check_host`] |
 //!
 //! Callers get a [`Store`] from [`TeamDir::store`] and never ask which backend it is; only this
@@ -30,6 +31,7 @@ pub mod doc;
 pub mod events;
 pub mod fence;
 pub mod files;
+pub mod govern;
 pub mod inbox;
 pub(crate) mod records;
 pub mod redis;

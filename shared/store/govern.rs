@@ -1,0 +1,414 @@
+//! What the team's rate governor shares, per model endpoint (a fingerprint of URL and key):
+//! a soft state under a lock (the limits the team learned: outside the change feed, so it
+//! wakes nobody; never fsynced, a lost or torn one reads as a fresh start), and a pool of
+//! call slots, counted leases taken first come, first served.
+//!
+//! Waiters queue in order of a key: the LLM lead's before any teammate's, then by when each
+//! began to wait. A waiter takes a slot only when fewer live waiters are ahead of it than
+//! slots are free, so a late comer polling often never overtakes an early one.
+//!
+//! - **files** (`govern/FP/` in the team dir): `state.json` under `state.lock`; slot `K` is
+//!   the flock of `slot.K`, and a waiter the flock of its file in `queue/` (named by its
+//!   order key). A crash releases both; a waiter's file whose lock is free is a dead
+//!   waiter's and is removed by the next one that looks.
+//! - **Redis**: the key `govern:FP:state` under the bus's lock of that name; the slots'
+//!   holders and the queue are sorted sets, changed by one script per try, with expiries
+//!   the holders renew (a crashed host's slots lapse within [`HOLD_LEASE`]) on the server's
+//!   clock; the script refuses a fenced-off member's tries.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::Store;
+use super::redis::{RedisBus, fenced_script};
+use crate::error::Result;
+use crate::fsutil::{self, HeldLock};
+
+/// How long a slot on a bus stays held without a renewal.
+pub const HOLD_LEASE: Duration = Duration::from_secs(15);
+/// How long a waiter on a bus stays queued without trying again.
+const WAIT_LEASE: Duration = Duration::from_secs(30);
+/// How long the soft state on a bus is kept after its last change.
+const STATE_TTL_SECS: u64 = 86_400;
+
+/// One endpoint's shared limits and call slots.
+pub struct Pool {
+    to: Target,
+}
+
+enum Target {
+    Files(PathBuf),
+    Redis(Box<RedisBus>, String),
+}
+
+impl Pool {
+    /// The pool of endpoint `fingerprint`, through `store`.
+    pub fn new(store: Store<'_>, fingerprint: &str) -> Pool {
+        let to = match store {
+            Store::Files(team) => Target::Files(team.root().join("govern").join(fingerprint)),
+            Store::Redis(bus) => {
+                Target::Redis(Box::new(bus.clone()), format!("govern:{fingerprint}"))
+            }
+        };
+        Pool { to }
+    }
+
+    /// Reads the soft state under its lock (`None`: none yet), lets `f` decide its next bytes
+    /// (`None`: unchanged) and writes them.
+    pub fn update<R>(&self, f: impl FnOnce(Option<&[u8]>) -> (Option<Vec<u8>>, R)) -> Result<R> {
+        match &self.to {
+            Target::Files(dir) => {
+                use std::os::unix::fs::FileExt;
+                fsutil::create_dir(dir)?;
+                let _held = HeldLock::acquire(&dir.join("state.lock"))?;
+                let path = dir.join("state.json");
+                let now = fsutil::read_optional(&path)?;
+                let (next, out) = f(now.as_deref());
+                if let Some(bytes) = next {
+                    let file = fsutil::open_rw(&path)?;
+                    file.write_all_at(&bytes, 0)
+                        .and_then(|()| file.set_len(bytes.len() as u64))
+                        .map_err(crate::Error::io("write", &path))?;
+                }
+                Ok(out)
+            }
+            Target::Redis(bus, base) => {
+                let name = format!("{base}:state");
+                let _lock = bus.lock(&name)?;
+                let key = bus.key(&name);
+                let now: Option<Vec<u8>> = bus.with_conn("read the rate limits", |c| {
+                    redis::cmd("GET").arg(&key).query(c)
+                })?;
+                let (next, out) = f(now.as_deref());
+                if let Some(bytes) = next {
+                    bus.with_conn("write the rate limits", |c| {
+                        redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&bytes)
+                            .arg("EX")
+                            .arg(STATE_TTL_SECS)
+                            .query::<()>(c)
+                    })?;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Joins the queue for a slot, as `holder` (who waits: for messages and the bus's
+    /// records), the LLM lead's process ahead of every teammate with `first`.
+    pub fn queue(&self, holder: &str, first: bool) -> Result<Waiter<'_>> {
+        let order = order_key(first, fsutil::now(), std::process::id());
+        let place = match &self.to {
+            Target::Files(dir) => {
+                let queue = dir.join("queue");
+                fsutil::create_dir(&queue)?;
+                // Made and locked under the state's lock, which every look at the queue holds:
+                // nobody sees the file before it is locked.
+                let _state = HeldLock::acquire(&dir.join("state.lock"))?;
+                Place::File(HeldLock::acquire(&queue.join(&order))?)
+            }
+            Target::Redis(..) => Place::Bus(format!(
+                "{holder}/{}/{}",
+                std::process::id(),
+                uuid::Uuid::new_v4().simple()
+            )),
+        };
+        Ok(Waiter {
+            pool: self,
+            order,
+            place,
+        })
+    }
+}
+
+/// The order of waiters: `first` (the LLM lead) before the rest, then by when each began to
+/// wait; names sort as the order.
+fn order_key(first: bool, now: f64, pid: u32) -> String {
+    let micros = (now * 1e6) as u64;
+    format!("{}{micros:020}.{pid}", if first { 0 } else { 1 })
+}
+
+/// The score of a waiter's order key in the bus's queue (a double holds it exactly: the
+/// microseconds of the next centuries stay below 2^53 once the leading class is a
+/// multiplier of 2^52).
+fn order_score(order: &str) -> f64 {
+    let class: f64 = if order.starts_with('0') { 0.0 } else { 1.0 };
+    let micros: u64 = order[1..21].parse().unwrap_or(u64::MAX >> 12);
+    class * (1u64 << 52) as f64 + (micros >> 1) as f64
+}
+
+/// A place in a pool's queue; leaves it when dropped.
+pub struct Waiter<'a> {
+    pool: &'a Pool,
+    order: String,
+    place: Place,
+}
+
+enum Place {
+    File(HeldLock),
+    Bus(String),
+}
+
+/// A held call slot; given back when dropped.
+pub struct Slot {
+    _held: Held,
+}
+
+enum Held {
+    File(#[allow(dead_code, reason = "held for its drop")] HeldLock),
+    Bus {
+        bus: Box<RedisBus>,
+        key: String,
+        id: String,
+        /// Dropped to stop the renewals.
+        _stop: mpsc::Sender<()>,
+    },
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Held::Bus { bus, key, id, .. } = self {
+            let r = bus.with_conn("give back a call slot", |c| {
+                redis::cmd("ZREM").arg(&*key).arg(&*id).query::<()>(c)
+            });
+            if let Err(e) = r {
+                tracing::debug!("{e} (the slot lapses by itself)");
+            }
+        }
+    }
+}
+
+impl Waiter<'_> {
+    /// Takes one of `n` slots if fewer live waiters are ahead of this one than slots are
+    /// free; `None`: wait and try again.
+    pub fn try_take(&mut self, n: usize) -> Result<Option<Slot>> {
+        let n = n.max(1);
+        match (&self.pool.to, &self.place) {
+            (Target::Files(dir), Place::File(_)) => {
+                let _state = HeldLock::acquire(&dir.join("state.lock"))?;
+                let ahead = live_ahead(&dir.join("queue"), &self.order)?;
+                let mut free = Vec::new();
+                for k in 0..n {
+                    if let Some(l) = HeldLock::try_acquire(&dir.join(format!("slot.{k}")))? {
+                        free.push(l);
+                        if free.len() > ahead {
+                            let taken = free.pop().expect("pushed above");
+                            return Ok(Some(Slot {
+                                _held: Held::File(taken),
+                            }));
+                        }
+                    }
+                }
+                Ok(None)
+            }
+            (Target::Redis(bus, base), Place::Bus(id)) => {
+                let holders = bus.key(&format!("{base}:holders"));
+                let queue = bus.key(&format!("{base}:queue"));
+                let alive = bus.key(&format!("{base}:alive"));
+                let (fence, fence_value) = bus.fence_args();
+                let taken: i64 = bus.with_conn("take a call slot", |c| {
+                    redis::Script::new(TAKE)
+                        .key(&fence)
+                        .key(&holders)
+                        .key(&queue)
+                        .key(&alive)
+                        .arg(&fence_value)
+                        .arg(id)
+                        .arg(n)
+                        .arg(order_score(&self.order))
+                        .arg(WAIT_LEASE.as_millis() as u64)
+                        .arg(HOLD_LEASE.as_millis() as u64)
+                        .invoke(c)
+                })?;
+                if taken != 1 {
+                    return Ok(None);
+                }
+                let (stop, stopped) = mpsc::channel::<()>();
+                let renewer = (bus.clone(), holders.clone(), id.clone());
+                std::thread::Builder::new()
+                    .name("slot-lease".into())
+                    .spawn(move || renew(&renewer.0, &renewer.1, &renewer.2, &stopped))
+                    .map_err(crate::Error::io("spawn", "a slot's lease renewal"))?;
+                Ok(Some(Slot {
+                    _held: Held::Bus {
+                        bus: bus.clone(),
+                        key: holders,
+                        id: id.clone(),
+                        _stop: stop,
+                    },
+                }))
+            }
+            _ => unreachable!("a waiter's place matches its pool"),
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        match (&self.pool.to, &self.place) {
+            (Target::Files(_), Place::File(held)) => {
+                let _ = std::fs::remove_file(held.path());
+            }
+            (Target::Redis(bus, base), Place::Bus(id)) => {
+                let queue = bus.key(&format!("{base}:queue"));
+                let alive = bus.key(&format!("{base}:alive"));
+                let _ = bus.with_conn("leave the slots' queue", |c| {
+                    redis::pipe()
+                        .cmd("ZREM")
+                        .arg(&queue)
+                        .arg(id)
+                        .cmd("ZREM")
+                        .arg(&alive)
+                        .arg(id)
+                        .query::<()>(c)
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How many live waiters in `queue` are ahead of `order`: a file whose lock is free is a dead
+/// waiter's, and goes. Called under the state's lock.
+fn live_ahead(queue: &std::path::Path, order: &str) -> Result<usize> {
+    let mut ahead = 0;
+    let entries = std::fs::read_dir(queue).map_err(crate::Error::io("read", queue))?;
+    for e in entries {
+        let e = e.map_err(crate::Error::io("read", queue))?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name >= order {
+            continue;
+        }
+        let path = e.path();
+        match HeldLock::try_acquire(&path)? {
+            Some(_dead) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            None => ahead += 1,
+        }
+    }
+    Ok(ahead)
+}
+
+/// Renews a held slot's lease on the bus every third of it, until `stopped` is dropped.
+fn renew(bus: &RedisBus, key: &str, id: &str, stopped: &mpsc::Receiver<()>) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(HOLD_LEASE / 3) {
+        let r = bus.with_conn("renew a call slot", |c| {
+            redis::Script::new(RENEW)
+                .key(key)
+                .arg(id)
+                .arg(HOLD_LEASE.as_millis() as u64)
+                .invoke::<i64>(c)
+        });
+        if let Err(e) = r {
+            tracing::debug!("{e}");
+        }
+    }
+}
+
+/// KEYS: fence, holders (id -> lease end, ms), queue (id -> order), alive (id -> wait lease
+/// end). ARGV: fence value, id, slots, order, wait lease, hold lease (ms). Drops lapsed holders
+/// and waiters, queues the id (keeping its order), and takes a slot when fewer waiters are
+/// ahead than slots are free. Returns 1 when taken.
+const TAKE: &str = fenced_script!(
+    r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, g in ipairs(gone) do redis.call('ZREM', KEYS[3], g) end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[2])
+redis.call('ZADD', KEYS[3], 'NX', ARGV[4], ARGV[2])
+local ahead = redis.call('ZRANK', KEYS[3], ARGV[2])
+local held = redis.call('ZCARD', KEYS[2])
+if held + ahead < tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[2])
+  redis.call('ZREM', KEYS[4], ARGV[2])
+  return 1
+end
+return 0
+"
+);
+
+/// KEYS: holders. ARGV: id, lease (ms). Extends a slot still held.
+const RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::teamdir::TeamDir;
+
+    #[test]
+    fn the_lead_queues_first_then_by_time() {
+        let lead = order_key(true, 2000.0, 9);
+        let early = order_key(false, 1000.0, 5);
+        let late = order_key(false, 1000.5, 4);
+        assert!(lead < early && early < late);
+        assert!(order_score(&lead) < order_score(&early));
+        assert!(order_score(&early) < order_score(&late));
+        assert!(order_score(&order_key(true, 4e9, 1)) < order_score(&early));
+    }
+
+    #[test]
+    fn slots_go_first_come_first_served_and_a_dead_waiter_is_passed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        let pool = Pool::new(team.store(), "fp");
+        let mut a = pool.queue("a", false).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut b = pool.queue("b", false).unwrap();
+        // One slot: b is behind a, and may not take it while a waits.
+        assert!(b.try_take(1).unwrap().is_none());
+        let held = a.try_take(1).unwrap().expect("a is first");
+        drop(a);
+        assert!(b.try_take(1).unwrap().is_none(), "the slot is a's");
+        drop(held);
+        let held_b = b.try_take(1).unwrap().expect("b is next");
+        drop(b);
+        drop(held_b);
+        // A waiter that died (its lock released, its file left) is passed over.
+        let c = pool.queue("c", false).unwrap();
+        let path = match &c.place {
+            Place::File(h) => h.path().to_owned(),
+            Place::Bus(_) => unreachable!(),
+        };
+        std::mem::forget(c);
+        assert!(path.exists());
+        // (The forgotten lock is this process's own: stand in for its release.)
+        let _ = std::fs::remove_file(&path);
+        std::fs::write(&path, b"").unwrap();
+        let mut d = pool.queue("d", false).unwrap();
+        assert!(d.try_take(1).unwrap().is_some());
+        assert!(!path.exists(), "the dead waiter's file went");
+        // The lead goes ahead of a teammate waiting longer.
+        let mut e = pool.queue("e", false).unwrap();
+        let mut lead = pool.queue("lead", true).unwrap();
+        assert!(e.try_take(1).unwrap().is_none());
+        assert!(lead.try_take(1).unwrap().is_some());
+    }
+
+    #[test]
+    fn the_soft_state_reads_back_and_is_written_only_when_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        let pool = Pool::new(team.store(), "fp");
+        let seen = pool
+            .update(|now| (Some(b"one".to_vec()), now.is_none()))
+            .unwrap();
+        assert!(seen);
+        let back = pool.update(|now| (None, now.map(<[u8]>::to_vec))).unwrap();
+        assert_eq!(back.as_deref(), Some(&b"one"[..]));
+        pool.update(|_| (Some(b"2".to_vec()), ())).unwrap();
+        let back = pool.update(|now| (None, now.map(<[u8]>::to_vec))).unwrap();
+        assert_eq!(back.as_deref(), Some(&b"2"[..]));
+    }
+}
