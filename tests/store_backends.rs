@@ -2,7 +2,7 @@
 //! store, the team dir's files and a Redis bus, through the same calls (the callers never ask
 //! which it is): racing deciders of one request (one wins), racing roster writers (none lost),
 //! racing keyed task creations (one creates), the event log read from any position, a named
-//! lock that excludes, a heartbeat, and a change watch that wakes on the roster and the board and not on
+//! lock that excludes, a heartbeat, the rate governor's call slots, and a change watch that wakes on the roster and the board and not on
 //! the event log. On the bus, none of it is in the team dir.
 
 mod support;
@@ -154,8 +154,14 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
         troupe::store::beat::last(team.store(), "nobody").unwrap(),
         None
     );
+    // The rate governor's soft state and call slots: shared, first come first served (the
+    // LLM lead first), and they wake nobody either.
+    call_slots(open);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!watch.changed(), "an event or a heartbeat woke the watch");
+    assert!(
+        !watch.changed(),
+        "an event, a heartbeat or a call slot woke the watch"
+    );
     Roster::new(&team)
         .update(|c| {
             c.members.push(Member::new("late", "r"));
@@ -168,6 +174,38 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
     );
     TaskStore::new(&team).create(task("one more")).unwrap();
     assert!(seen_within(&watch, Duration::from_secs(5)), "the new task");
+}
+
+/// The rate governor's part of the contract, each party with its own handle on the team.
+fn call_slots(open: &(dyn Fn() -> TeamDir + Sync)) {
+    use troupe::store::govern::Pool;
+    let (t1, t2, t3) = (open(), open(), open());
+    let (p1, p2, p3) = (
+        Pool::new(t1.store(), "fp"),
+        Pool::new(t2.store(), "fp"),
+        Pool::new(t3.store(), "fp"),
+    );
+    p1.update(|now| (Some(b"limits".to_vec()), assert!(now.is_none())))
+        .unwrap();
+    let back = p2.update(|now| (None, now.map(<[u8]>::to_vec))).unwrap();
+    assert_eq!(back.as_deref(), Some(&b"limits"[..]));
+    let mut a = p1.queue("a", false).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let mut b = p2.queue("b", false).unwrap();
+    assert!(b.try_take(1).unwrap().is_none(), "b went before a");
+    let held = a.try_take(1).unwrap().expect("a's turn");
+    drop(a);
+    assert!(b.try_take(1).unwrap().is_none(), "two holders of one slot");
+    assert!(b.try_take(2).unwrap().is_some(), "a second slot is free");
+    drop(held);
+    let slot = b.try_take(1).unwrap().expect("b's turn");
+    drop(b);
+    drop(slot);
+    let mut mate = p2.queue("mate", false).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let mut lead = p3.queue("lead", true).unwrap();
+    assert!(mate.try_take(1).unwrap().is_none(), "the lead goes first");
+    assert!(lead.try_take(1).unwrap().is_some());
 }
 
 fn task(subject: &str) -> NewTask {
@@ -225,4 +263,5 @@ fn the_contract_holds_on_a_redis_bus() {
     assert!(std::fs::read_dir(team.requests_dir()).map_or(true, |mut d| d.next().is_none()));
     assert!(!team.events().exists());
     assert!(!team.root().join("beats").exists());
+    assert!(!team.root().join("govern").exists());
 }

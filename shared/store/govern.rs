@@ -109,11 +109,23 @@ impl Pool {
                 let _state = HeldLock::acquire(&dir.join("state.lock"))?;
                 Place::File(HeldLock::acquire(&queue.join(&order))?)
             }
-            Target::Redis(..) => Place::Bus(format!(
-                "{holder}/{}/{}",
-                std::process::id(),
-                uuid::Uuid::new_v4().simple()
-            )),
+            Target::Redis(bus, base) => {
+                let id = format!(
+                    "{holder}/{}/{}",
+                    std::process::id(),
+                    uuid::Uuid::new_v4().simple()
+                );
+                bus.with_conn("join the slots' queue", |c| {
+                    redis::Script::new(JOIN)
+                        .key(bus.key(&format!("{base}:queue")))
+                        .key(bus.key(&format!("{base}:alive")))
+                        .arg(&id)
+                        .arg(order_score(&order))
+                        .arg(WAIT_LEASE.as_millis() as u64)
+                        .invoke::<i64>(c)
+                })?;
+                Place::Bus(id)
+            }
         };
         Ok(Waiter {
             pool: self,
@@ -334,6 +346,14 @@ end
 return 0
 "
 );
+
+/// KEYS: queue, alive. ARGV: id, order, wait lease (ms). Queues the id.
+const JOIN: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+return redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
+";
 
 /// KEYS: holders. ARGV: id, lease (ms). Extends a slot still held.
 const RENEW: &str = r"

@@ -21,13 +21,16 @@ use std::time::{Duration, Instant};
 /// pub/sub channel, and exactly the commands troupe sends. The connection: AUTH (which Redis allows
 /// anyway; listed so that this is the whole of what troupe sends) and SELECT (a URL's `/DB`
 /// other than 0). The documents, locks, id sets and leases: GET, MGET, SET, DEL, EXISTS, SADD,
-/// SMEMBERS, SISMEMBER, and PEXPIRE (a lock taken again by its holder, on a retry). The
+/// SMEMBERS, SISMEMBER, and PEXPIRE (a lock taken again by its holder, on a retry). The rate
+/// governor's call slots and their queue (sorted sets, on the server's clock): ZADD, ZREM,
+/// ZRANK, ZCARD, ZRANGEBYSCORE, ZREMRANGEBYSCORE and TIME. The
 /// inboxes, events and change feed (streams): XADD, XRANGE, XREVRANGE, XREAD, XREADGROUP,
 /// XGROUP CREATE, XACK, XDEL, XLEN and XINFO STREAM.
 /// The Lua scripts: EVALSHA, and SCRIPT LOAD when the server has lost its script cache (the
 /// commands a script calls are checked one by one).
 pub const TROUPE_ACL: &str = "resetkeys ~troupe:* resetchannels -@all +auth +select \
     +get +mget +set +del +exists +pexpire +sadd +smembers +sismember \
+    +zadd +zrem +zrank +zcard +zrangebyscore +zremrangebyscore +time \
     +xadd +xrange +xrevrange +xread +xreadgroup +xgroup|create +xack +xdel +xlen +xinfo|stream \
     +evalsha +script|load";
 
