@@ -20,6 +20,7 @@ mod supervisor;
 mod tasks;
 mod up;
 mod up_trust;
+mod watch;
 #[path = "../worker/main.rs"]
 mod worker;
 mod worker_exe;
@@ -81,6 +82,8 @@ enum Cmd {
     Worktree(commands::WorktreeArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
+    /// Follow the team's events as they happen (--json for one object a line).
+    Watch(watch::WatchArgs),
     /// Talk to the LLM lead: a REPL, or one prompt with -p (starts a supervisor if none runs).
     Chat(chat::ChatArgs),
     /// Run a whole team on the shipped cassette (no network, no key), printing a timeline.
@@ -193,6 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Approve(a) => commands::decide(&team()?, a, true),
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
+        Cmd::Watch(a) => watch::watch(&team()?, a),
         Cmd::Worktree(a) => commands::worktree(&team()?, a),
         Cmd::Task(a) => tasks::run(team_dir, a),
         Cmd::Up(a) => up::run(team_dir, a),

@@ -12,8 +12,9 @@
 //!   first served (the LLM lead first; waits show as `doing: waiting_slot`); without a cap,
 //!   an adaptive one (AIMD, as TCP): halved at a rate limit (not below 1, once per cooldown),
 //!   one more after each quiet window;
-//! - **pacing**: where answers say how many requests are left in the provider's window, the
-//!   team spends them and then waits for the reset, before any 429.
+//! - **pacing**: where answers say how many requests or tokens are left in the provider's
+//!   window, the team spends them (a call taking the tokens the answers' drops show one
+//!   takes) and then waits for the reset, before any 429.
 //!
 //! The lead is told, in a status update, when a cooldown begins (at most once a minute).
 //! `rate_governor = "off"` (`lead run --rate-governor off`) leaves only an explicit cap. The
@@ -90,6 +91,17 @@ pub struct Limits {
     /// When the lead was last told the team is rate limited here.
     #[serde(default)]
     pub told_at: f64,
+    /// Tokens left in the provider's window (the tightest limit its answers name), less what
+    /// the attempts since are expected to take.
+    #[serde(default)]
+    pub tokens_left: Option<f64>,
+    /// When that window resets.
+    #[serde(default)]
+    pub tokens_reset_at: f64,
+    /// What one call takes of the tokens left, as the answers' drops show it (a moving
+    /// average; 0 until one is seen).
+    #[serde(default)]
+    pub tokens_per_call: f64,
 }
 
 /// The longest an attempt counts as in flight without ending.
@@ -108,6 +120,9 @@ impl Default for Limits {
             slow_start: true,
             in_flight: Vec::new(),
             told_at: 0.0,
+            tokens_left: None,
+            tokens_reset_at: 0.0,
+            tokens_per_call: 0.0,
         }
     }
 }
@@ -121,6 +136,12 @@ impl Limits {
         if self.remaining == Some(0) && self.reset_at > now {
             return Some(self.reset_at - now);
         }
+        if let Some(left) = self.tokens_left
+            && self.tokens_reset_at > now
+            && left < self.tokens_per_call.max(1.0)
+        {
+            return Some(self.tokens_reset_at - now);
+        }
         None
     }
 
@@ -130,6 +151,11 @@ impl Limits {
             && let Some(r) = self.remaining.as_mut()
         {
             *r = r.saturating_sub(1);
+        }
+        if self.tokens_reset_at > now
+            && let Some(t) = self.tokens_left.as_mut()
+        {
+            *t = (*t - self.tokens_per_call).max(0.0);
         }
         self.in_flight.retain(|&t| now - t < IN_FLIGHT_MAX);
         self.in_flight.push(now);
@@ -155,6 +181,28 @@ impl Limits {
                 self.remaining = Some(self.remaining.map_or(r, |have| have.min(r)));
             }
             self.reset_at = self.reset_at.max(reset);
+        }
+        if let Some(t) = seen.remaining_tokens {
+            let t = t as f64;
+            let reset = now + seen.tokens_reset.map_or(1.0, |d| d.as_secs_f64());
+            let same_window = reset <= self.tokens_reset_at + 0.5 && self.tokens_reset_at > now;
+            match (self.tokens_left, same_window) {
+                (Some(left), true) => {
+                    // What the provider says is left, against what was expected after the
+                    // attempts since: a drop beyond it is what calls take.
+                    let seen_drop = left + self.tokens_per_call - t;
+                    if seen_drop > 0.0 {
+                        self.tokens_per_call = if self.tokens_per_call == 0.0 {
+                            seen_drop
+                        } else {
+                            0.7 * self.tokens_per_call + 0.3 * seen_drop
+                        };
+                    }
+                    self.tokens_left = Some(left.min(t));
+                }
+                _ => self.tokens_left = Some(t),
+            }
+            self.tokens_reset_at = self.tokens_reset_at.max(reset);
         }
         if seen.limited {
             self.limited += 1;
@@ -536,6 +584,34 @@ mod tests {
         assert!(l.in_flight.is_empty());
         l.observe(&ok(Some(5), 1.0), 12.5, 0);
         assert_eq!(l.remaining, Some(5));
+    }
+
+    #[test]
+    fn pacing_by_tokens_waits_for_the_reset_before_a_call_would_not_fit() {
+        let tokens = |left: u64, reset: f64| Seen {
+            status: 200,
+            remaining_tokens: Some(left),
+            tokens_reset: Some(Duration::from_secs_f64(reset)),
+            ..Seen::default()
+        };
+        let mut l = Limits::default();
+        l.observe(&tokens(10_000, 10.0), 0.0, 0);
+        assert_eq!(l.wait(0.1), None);
+        l.spend(0.1);
+        // The first drop seen is what a call takes.
+        l.observe(&tokens(7_000, 9.8), 0.2, 1);
+        assert_eq!(l.tokens_per_call, 3_000.0);
+        l.ended();
+        l.spend(0.3);
+        l.spend(0.4);
+        assert_eq!(l.tokens_left, Some(1_000.0));
+        // Another call would not fit: wait for the window's reset.
+        assert!((l.wait(0.5).unwrap() - 9.5).abs() < 1e-9);
+        assert_eq!(l.wait(10.1), None);
+        // A new window starts from what the provider says.
+        l.observe(&tokens(10_000, 10.0), 10.2, 0);
+        assert_eq!(l.tokens_left, Some(10_000.0));
+        assert_eq!(l.wait(10.3), None);
     }
 
     #[test]
