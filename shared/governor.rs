@@ -374,6 +374,7 @@ impl Gate for Governor {
         };
         let began = Instant::now();
         let mut shown = false;
+        let mut slept = false;
         let mut waiter = None;
         let slot = loop {
             let cfg = self.settings();
@@ -388,6 +389,7 @@ impl Gate for Governor {
                 // Jitter: the members released together do not all go at once.
                 let jitter = crate::llm::retry::random_unit() * (wait * 0.25).min(0.5);
                 std::thread::sleep(Duration::from_secs_f64((wait + jitter).min(5.0)));
+                slept = true;
                 continue;
             }
             let slot = match cap(&cfg, model, &limits) {
@@ -407,6 +409,7 @@ impl Gate for Governor {
                                 tell_waiting(true);
                             }
                             std::thread::sleep(poll);
+                            slept = true;
                             continue;
                         }
                         Some(Err(e)) => {
@@ -442,6 +445,9 @@ impl Gate for Governor {
         if shown {
             tell_waiting(false);
         }
+        if slept {
+            crate::llm::gate::note_waited(began.elapsed());
+        }
         let on = self.settings().rate_governor.unwrap_or_default() == Mode::On;
         Box::new(Held {
             governor: self,
@@ -463,7 +469,8 @@ impl Gate for Governor {
             let in_flight = l.in_flight.len();
             l.observe(seen, now, in_flight);
             let began = l.cooldown_until > was && was <= now;
-            let tell = began && now - l.told_at >= TELL_EVERY;
+            // A rate limit, not an overloaded server (529, 503): the team's use is the cause.
+            let tell = began && seen.status == 429 && now - l.told_at >= TELL_EVERY;
             if tell {
                 l.told_at = now;
             }

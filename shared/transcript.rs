@@ -36,12 +36,23 @@ pub enum Entry {
     /// A process took over the journal (worker start or restart).
     Session { incarnation: u64, pid: u32, at: f64 },
     /// A message consumed from the inbox, with its full envelope.
-    Inbox { message: Message },
+    Inbox {
+        message: Message,
+        /// When it was consumed (left out by journals older than the field, and in memory).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<f64>,
+    },
     /// One model call's answer.
     Assistant {
         seq: u64,
         response: ChatResponse,
         at: f64,
+        /// When the call began, before any wait for the team's rate governor.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started_at: Option<f64>,
+        /// How long of it went to waiting for a call slot or a cooldown, in seconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waited: Option<f64>,
     },
     /// The results of all tool uses of the preceding assistant turn (or some of them, when the
     /// worker was killed partway and fills in the rest on restart).
@@ -52,6 +63,9 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         inbox_ids: Vec<String>,
         at: f64,
+        /// When each tool call began and ended, in the order they ran.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        timings: Vec<ToolTiming>,
     },
     /// Inbox messages the agent handled by itself (a stale shutdown request answered
     /// automatically): never shown to the model.
@@ -86,7 +100,19 @@ pub enum Entry {
         #[serde(default)]
         tokens_before: u64,
         at: f64,
+        /// When the summary's model call began.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started_at: Option<f64>,
     },
+}
+
+/// When one tool call of a turn ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolTiming {
+    pub tool_use_id: String,
+    pub name: String,
+    pub started_at: f64,
+    pub ended_at: f64,
 }
 
 /// An open journal: an append descriptor plus the set of inbox ids already recorded.
@@ -188,7 +214,7 @@ impl Journal {
             }
             match parse_entry(line) {
                 Ok(entry) => {
-                    if let Entry::Inbox { message } = &entry {
+                    if let Entry::Inbox { message, .. } = &entry {
                         self.seen.insert(&message.id);
                     }
                     entries.push(entry);
@@ -231,7 +257,7 @@ impl Journal {
         }
         self.write_synced(&buf)?;
         for entry in entries {
-            if let Entry::Inbox { message } = entry {
+            if let Entry::Inbox { message, .. } = entry {
                 self.seen.insert(&message.id);
             }
         }
@@ -340,20 +366,22 @@ impl Journal {
         // What another consumer of this journal wrote counts as seen.
         self.refresh()?;
         let fresh: Vec<bool> = items.iter().map(|(_, id)| self.seen.insert(id)).collect();
-        const HEAD: &[u8] = INBOX_HEAD;
+        // The time of consumption, as every line of the batch gives it.
+        let head = format!("{{\"kind\":\"inbox\",\"at\":{},\"message\":", fsutil::now());
+        let head = head.as_bytes();
         let mut buf = Vec::with_capacity(
             items
                 .iter()
                 .zip(&fresh)
                 .filter(|(_, f)| **f)
-                .map(|((raw, _), _)| raw.len() + HEAD.len() + 2)
+                .map(|((raw, _), _)| raw.len() + head.len() + 2)
                 .sum(),
         );
         if buf.capacity() == 0 {
             return Ok(fresh);
         }
         for ((raw, _), _) in items.iter().zip(&fresh).filter(|(_, f)| **f) {
-            buf.extend_from_slice(HEAD);
+            buf.extend_from_slice(head);
             buf.extend_from_slice(raw);
             buf.extend_from_slice(b"}\n");
         }
@@ -411,8 +439,9 @@ pub fn read_entries(path: &Path) -> Result<Vec<Entry>> {
         .collect())
 }
 
-/// How [`Journal::append_inbox_lines`] starts a line; the raw message and `}` follow.
-const INBOX_HEAD: &[u8] = b"{\"kind\":\"inbox\",\"message\":";
+/// How [`Journal::append_inbox_lines`] starts a line; `"at":TIME,` (in journals since it was
+/// recorded), `"message":`, the raw message and `}` follow.
+const INBOX_HEAD: &[u8] = b"{\"kind\":\"inbox\",";
 
 /// Parses one journal line. A line that [`Journal::append_inbox_lines`] wrote around a raw inbox
 /// line is read back the way the drain read that line when it fails as an [`Entry`]: a message
@@ -422,10 +451,23 @@ const INBOX_HEAD: &[u8] = b"{\"kind\":\"inbox\",\"message\":";
 /// from the journal.
 fn parse_entry(line: &[u8]) -> serde_json::Result<Entry> {
     serde_json::from_slice(line).or_else(|e| {
-        line.strip_prefix(INBOX_HEAD)
+        let Some(rest) = line.strip_prefix(INBOX_HEAD) else {
+            return Err(e);
+        };
+        let (at, rest) = match rest.strip_prefix(b"\"at\":") {
+            Some(r) => {
+                let end = r.iter().position(|&b| b == b',').unwrap_or(0);
+                let at = std::str::from_utf8(&r[..end])
+                    .ok()
+                    .and_then(|t| t.parse::<f64>().ok());
+                (at, &r[(end + 1).min(r.len())..])
+            }
+            None => (None, rest),
+        };
+        rest.strip_prefix(b"\"message\":")
             .and_then(|rest| rest.strip_suffix(b"}"))
             .and_then(|raw| Message::parse_line(raw).ok())
-            .map(|message| Entry::Inbox { message })
+            .map(|message| Entry::Inbox { message, at })
             .ok_or(e)
     })
 }
@@ -451,7 +493,11 @@ mod tests {
         {
             let (mut j, entries) = Journal::open_path(path.clone(), &owner).unwrap();
             assert!(entries.is_empty());
-            j.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
+            j.append(&[Entry::Inbox {
+                message: m.clone(),
+                at: None,
+            }])
+            .unwrap();
         }
         // A crash mid-append leaves half a line.
         std::fs::OpenOptions::new()
@@ -461,7 +507,13 @@ mod tests {
             .write_all(b"{\"kind\":\"inb")
             .unwrap();
         let (mut j, entries) = Journal::open_path(path.clone(), &owner).unwrap();
-        assert_eq!(entries, vec![Entry::Inbox { message: m.clone() }]);
+        assert_eq!(
+            entries,
+            vec![Entry::Inbox {
+                message: m.clone(),
+                at: None
+            }]
+        );
         assert!(j.has_seen(&m.id));
         assert_eq!(j.last_byte(), Some(b'\n'));
         j.append(&[Entry::Idle {
@@ -586,7 +638,11 @@ mod tests {
         let (mut a, _) = Journal::open_path(path.clone(), &owner).unwrap();
         let (mut b, _) = Journal::open_path(path.clone(), &owner).unwrap();
         let m = Message::new(MessageType::Message, "x", "lead", "1");
-        b.append(&[Entry::Inbox { message: m.clone() }]).unwrap();
+        b.append(&[Entry::Inbox {
+            message: m.clone(),
+            at: None,
+        }])
+        .unwrap();
         assert!(!a.has_seen(&m.id));
         a.append(&[Entry::Idle {
             at: 0.0,

@@ -260,7 +260,7 @@ fn chat_p_spawns_reviews_collects_results_and_shuts_the_team_down() {
     let consumed: Vec<&troupe::message::Message> = journal
         .iter()
         .filter_map(|e| match e {
-            Entry::Inbox { message } => Some(message),
+            Entry::Inbox { message, .. } => Some(message),
             _ => None,
         })
         .collect();
@@ -291,12 +291,13 @@ fn chat_p_spawns_reviews_collects_results_and_shuts_the_team_down() {
     assert_eq!(assistant, 11);
     // The teammates' transcripts: ann saw the approval and the shutdown request; bob the task.
     let ann = read_entries(&team.dir.transcript(&AgentName::teammate("ann").unwrap())).unwrap();
-    assert!(ann.iter().any(|e| matches!(e, Entry::Inbox { message }
+    assert!(ann.iter().any(|e| matches!(e, Entry::Inbox { message, .. }
         if message.kind == MessageType::PlanApprovalResponse && message.approve == Some(true))));
     let bob = read_entries(&team.dir.transcript(&AgentName::teammate("bob").unwrap())).unwrap();
     assert!(
-        bob.iter()
-            .any(|e| matches!(e, Entry::Inbox { message } if message.content == "what is 6*7?"))
+        bob.iter().any(
+            |e| matches!(e, Entry::Inbox { message, .. } if message.content == "what is 6*7?")
+        )
     );
     // ann's work, in the working directory.
     assert_eq!(

@@ -262,7 +262,7 @@ fn arrivals_show_at_the_prompt_and_slash_commands_print_the_files() {
     assert!(
         journal
             .iter()
-            .any(|e| matches!(e, Entry::Inbox { message } if message.id == ping.id)),
+            .any(|e| matches!(e, Entry::Inbox { message, .. } if message.id == ping.id)),
         "the shown message is not in the lead's journal: {journal:?}"
     );
     let unread = Inbox::new(&team.dir, &lead).peek().unwrap();

@@ -378,7 +378,7 @@ fn drainer_killed_between_journal_and_truncate_repeats_nothing() {
         .unwrap()
         .into_iter()
         .filter_map(|e| match e {
-            troupe::transcript::Entry::Inbox { message } => Some(message.id),
+            troupe::transcript::Entry::Inbox { message, .. } => Some(message.id),
             _ => None,
         })
         .collect();

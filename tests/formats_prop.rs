@@ -561,7 +561,7 @@ fn inbox_ids(entries: &[Entry]) -> Vec<String> {
     entries
         .iter()
         .filter_map(|e| match e {
-            Entry::Inbox { message } => Some(message.id.clone()),
+            Entry::Inbox { message, .. } => Some(message.id.clone()),
             _ => None,
         })
         .collect()
@@ -624,7 +624,10 @@ fn check_inbox(
     }
     let entries: Vec<Entry> = before
         .iter()
-        .map(|m| Entry::Inbox { message: m.clone() })
+        .map(|m| Entry::Inbox {
+            message: m.clone(),
+            at: None,
+        })
         .collect();
     journal.append(&entries).unwrap();
 
@@ -681,12 +684,15 @@ fn check_inbox(
     let want: Vec<Entry> = before
         .iter()
         .chain(&delivered)
-        .map(|m| Entry::Inbox { message: m.clone() })
+        .map(|m| Entry::Inbox {
+            message: m.clone(),
+            at: None,
+        })
         .collect();
     let (reopened, entries) = open_journal(&team, &name);
-    prop_assert_eq!(&entries, &want);
+    prop_assert_eq!(&consumed(entries), &want);
     prop_assert_eq!(reopened.seen_count(), want.len());
-    prop_assert_eq!(&read_entries(journal.path()).unwrap(), &want);
+    prop_assert_eq!(&consumed(read_entries(journal.path()).unwrap()), &want);
     Ok(())
 }
 
@@ -1155,11 +1161,13 @@ fn entry() -> BoxedStrategy<Entry> {
             pid,
             at
         }),
-        small_message().prop_map(|message| Entry::Inbox { message }),
+        small_message().prop_map(|message| Entry::Inbox { message, at: None }),
         (any::<u64>(), response(), finite()).prop_map(|(seq, response, at)| Entry::Assistant {
             seq,
             response,
-            at
+            at,
+            started_at: None,
+            waited: None,
         }),
         (
             prop::collection::vec(block(), 0..3),
@@ -1169,7 +1177,8 @@ fn entry() -> BoxedStrategy<Entry> {
             .prop_map(|(results, inbox_ids, at)| Entry::ToolResults {
                 results,
                 inbox_ids,
-                at
+                at,
+                timings: Vec::new(),
             }),
         (prop::collection::vec(text(1..10), 0..3), finite())
             .prop_map(|(ids, at)| Entry::Handled { ids, at }),
@@ -1375,10 +1384,18 @@ fn journal_reads_back_messages_with_deep_or_huge_unknown_fields() {
         line.push(b'\n');
         std::fs::write(inbox.path(), &line).unwrap();
         assert_eq!(inbox.drain(&mut journal).unwrap(), vec![m.clone()]);
-        let want = vec![Entry::Inbox { message: m.clone() }];
-        assert_eq!(read_entries(journal.path()).unwrap(), want);
+        let want = vec![Entry::Inbox {
+            message: m.clone(),
+            at: None,
+        }];
+        let read = read_entries(journal.path()).unwrap();
+        assert!(
+            matches!(read[..], [Entry::Inbox { at: Some(t), .. }] if t > 0.0),
+            "the drain records when it consumed the message: {read:?}"
+        );
+        assert_eq!(consumed(read), want);
         let (reopened, entries) = open_journal(&team, &alice());
-        assert_eq!(entries, want);
+        assert_eq!(consumed(entries), want);
         assert!(reopened.has_seen(&m.id));
     }
 }
@@ -1417,7 +1434,7 @@ proptest! {
             let (mut j, _) = open_journal(&team, &alice());
             let entries: Vec<Entry> = unique[..done]
                 .iter()
-                .map(|m| Entry::Inbox { message: m.clone() })
+                .map(|m| Entry::Inbox { message: m.clone(), at: None })
                 .collect();
             j.append(&entries).unwrap();
         }
@@ -1431,4 +1448,16 @@ proptest! {
         prop_assert!(inbox.is_empty());
         prop_assert!(inbox.peek().unwrap().is_empty());
     }
+}
+
+/// Journal entries with the drain's time of consumption left out, to compare them with the
+/// messages alone.
+fn consumed(entries: Vec<Entry>) -> Vec<Entry> {
+    entries
+        .into_iter()
+        .map(|e| match e {
+            Entry::Inbox { message, .. } => Entry::Inbox { message, at: None },
+            other => other,
+        })
+        .collect()
 }

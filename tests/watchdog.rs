@@ -105,7 +105,7 @@ fn consumed(team: &Team, name: &str, content: &str) -> usize {
     team.transcript(name)
         .iter()
         .filter(|e| {
-            matches!(e, Entry::Inbox { message }
+            matches!(e, Entry::Inbox { message, .. }
                 if message.kind == MessageType::Message && message.content == content)
         })
         .count()

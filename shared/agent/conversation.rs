@@ -92,7 +92,7 @@ impl Rebuilt {
                     self.idle = was;
                 }
             }
-            Entry::Inbox { message } => {
+            Entry::Inbox { message, .. } => {
                 if !claimed.contains(message.id.as_str()) {
                     self.unseen.push(message.clone());
                 }
@@ -244,6 +244,7 @@ pub fn resume(
             results: conv.dangling_results(),
             inbox_ids: Vec::new(),
             at: fsutil::now(),
+            timings: Vec::new(),
         };
         journal.append(std::slice::from_ref(&fill))?;
         conv.push_entry(&fill);
@@ -392,6 +393,7 @@ mod tests {
     fn inbox(text: &str) -> Entry {
         Entry::Inbox {
             message: Message::new(MessageType::Message, "lead", "alice", text),
+            at: None,
         }
     }
 
@@ -410,6 +412,8 @@ mod tests {
                 model: String::new(),
             },
             at: 0.0,
+            started_at: None,
+            waited: None,
         }
     }
 
@@ -439,6 +443,7 @@ mod tests {
                 results: vec![result("t1"), result("t2")],
                 inbox_ids: vec![],
                 at: 0.0,
+                timings: Vec::new(),
             },
             inbox("three"),
             assistant(vec![Block::Text {
@@ -525,6 +530,7 @@ mod tests {
             results: r.dangling_results(),
             inbox_ids: vec![],
             at: 0.0,
+            timings: Vec::new(),
         };
         r.push_entry(&fill);
         assert!(r.dangling.is_empty());
@@ -554,6 +560,7 @@ mod tests {
             },
             Entry::Inbox {
                 message: wake.clone(),
+                at: None,
             },
             Entry::Handled {
                 ids: vec![wake.id.clone()],
@@ -580,11 +587,15 @@ mod tests {
         let entries = vec![
             inbox("go"),
             assistant(vec![tool_use("t1")]),
-            Entry::Inbox { message: m.clone() },
+            Entry::Inbox {
+                message: m.clone(),
+                at: None,
+            },
             Entry::ToolResults {
                 results: vec![result("t1")],
                 inbox_ids: vec![m.id.clone()],
                 at: 0.0,
+                timings: Vec::new(),
             },
         ];
         let r = Rebuilt::from_entries(&entries);

@@ -268,6 +268,8 @@ impl Lead {
             // An outage is waited out, as a teammate does (see `outage`); a person at the
             // terminal sees why. Anything else ends the turn with the error.
             let mut waited = None;
+            let started_at = fsutil::now();
+            crate::llm::gate::take_waited();
             let response = loop {
                 match self.provider.complete(&req) {
                     Ok(r) => break r,
@@ -289,24 +291,35 @@ impl Lead {
                 }
             };
             self.account(&response);
+            let gate_wait = crate::llm::gate::take_waited().as_secs_f64();
             let entry = Entry::Assistant {
                 seq: self.conv.calls,
                 response: response.clone(),
                 at: fsutil::now(),
+                started_at: Some(started_at),
+                waited: (gate_wait > 0.0).then_some(gate_wait),
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
             let mut results = Vec::new();
             let mut inbox_ids = Vec::new();
+            let mut timings = Vec::new();
             for block in &response.content {
                 match block {
                     Block::Text { text } if !text.trim().is_empty() => show(Shown::Text(text)),
                     Block::ToolUse { id, name, input } => {
+                        let started_at = fsutil::now();
                         let output = if response.stop_reason == StopReason::MaxTokens {
                             ToolOutput::cut_short()
                         } else {
                             self.run_tool(name, input, &mut inbox_ids)?
                         };
+                        timings.push(crate::transcript::ToolTiming {
+                            tool_use_id: id.clone(),
+                            name: name.clone(),
+                            started_at,
+                            ended_at: fsutil::now(),
+                        });
                         show(Shown::Tool {
                             name,
                             input,
@@ -328,6 +341,7 @@ impl Lead {
                 results,
                 inbox_ids,
                 at: fsutil::now(),
+                timings,
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
@@ -357,6 +371,7 @@ impl Lead {
             LEAD,
             self.conv.compactions,
         );
+        let started_at = fsutil::now();
         let response = match self.provider.complete(&req) {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
@@ -369,6 +384,7 @@ impl Lead {
             keep_from: at,
             tokens_before: before,
             at: fsutil::now(),
+            started_at: Some(started_at),
         };
         self.journal.append(std::slice::from_ref(&entry))?;
         self.conv.push_entry(&entry);
@@ -386,7 +402,10 @@ impl Lead {
     pub fn drain_now(&mut self) -> Result<Vec<Message>> {
         let batch = self.inbox.drain(&mut self.journal)?;
         for m in &batch {
-            self.conv.push_entry(&Entry::Inbox { message: m.clone() });
+            self.conv.push_entry(&Entry::Inbox {
+                message: m.clone(),
+                at: None,
+            });
         }
         Ok(batch)
     }

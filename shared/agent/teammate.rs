@@ -29,7 +29,7 @@ use crate::message::{Message, MessageType};
 use crate::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
 use crate::teamdir::{AgentName, LEAD, TeamDir};
 use crate::tools::{self, ToolOutput};
-use crate::transcript::{Entry, Journal};
+use crate::transcript::{Entry, Journal, ToolTiming};
 use crate::wait::{self, InboxWaiter, Wake};
 
 /// Settings of one teammate process.
@@ -423,7 +423,10 @@ impl Teammate {
         let batch = self.drain_patiently()?;
         let mut handled = Vec::new();
         for m in &batch {
-            self.conv.push_entry(&Entry::Inbox { message: m.clone() });
+            self.conv.push_entry(&Entry::Inbox {
+                message: m.clone(),
+                at: None,
+            });
             if self.note_message(m)? {
                 handled.push(m.id.clone());
             }
@@ -566,6 +569,8 @@ impl Teammate {
                 }
                 Ok(false) => {}
             }
+            let started_at = fsutil::now();
+            crate::llm::gate::take_waited();
             let response = match self.call_model() {
                 Ok(r) => {
                     self.outage_wait = None;
@@ -601,10 +606,13 @@ impl Teammate {
                     None => continue,
                 },
             };
+            let waited = crate::llm::gate::take_waited().as_secs_f64();
             let entry = Entry::Assistant {
                 seq: self.conv.calls,
                 response: response.clone(),
                 at: fsutil::now(),
+                started_at: Some(started_at),
+                waited: (waited > 0.0).then_some(waited),
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
@@ -624,13 +632,21 @@ impl Teammate {
             }
             let mut results = Vec::new();
             let mut inbox_ids = Vec::new();
+            let mut timings = Vec::new();
             let ctx = self.context();
             for (id, name, input) in uses {
+                let started_at = fsutil::now();
                 let out = if response.stop_reason == StopReason::MaxTokens {
                     ToolOutput::cut_short()
                 } else {
                     self.run_tool(&name, &input, &mut inbox_ids)?
                 };
+                timings.push(ToolTiming {
+                    tool_use_id: id.clone(),
+                    name: name.clone(),
+                    started_at,
+                    ended_at: fsutil::now(),
+                });
                 results.push(Block::ToolResult {
                     tool_use_id: id,
                     content: compaction::cut_middle(&out.content, compaction::result_cap(ctx)),
@@ -641,6 +657,7 @@ impl Teammate {
                 results,
                 inbox_ids,
                 at: fsutil::now(),
+                timings,
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
@@ -938,6 +955,7 @@ impl Teammate {
             self.s.name.as_str(),
             self.conv.compactions,
         );
+        let started_at = fsutil::now();
         self.beater.beat(self.provider.longest_call());
         let response = self.provider.complete(&req);
         // The call's allowance ends with it: a stop right after is seen as soon as any.
@@ -954,6 +972,7 @@ impl Teammate {
             keep_from: at,
             tokens_before: before,
             at: fsutil::now(),
+            started_at: Some(started_at),
         };
         self.journal.append(std::slice::from_ref(&entry))?;
         self.conv.push_entry(&entry);

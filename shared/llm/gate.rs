@@ -11,6 +11,7 @@
 //! resets as durations such as `6m0s`, `1.5s` or `20ms`).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::HeaderMap;
@@ -43,6 +44,20 @@ pub trait Gate: Send + Sync {
 }
 
 static GATE: OnceLock<Box<dyn Gate>> = OnceLock::new();
+
+/// Microseconds this process's calls waited at its gate since [`take_waited`] last read them.
+static WAITED_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// Notes that an attempt waited `d` at the gate (for a slot or a cooldown).
+pub fn note_waited(d: Duration) {
+    WAITED_MICROS.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+}
+
+/// How long this process's calls waited at the gate since the last call of this, which
+/// starts the count again (a member's journal records it per model call).
+pub fn take_waited() -> Duration {
+    Duration::from_micros(WAITED_MICROS.swap(0, Ordering::Relaxed))
+}
 
 /// Installs this process's gate; false if one was installed already.
 pub fn install(gate: Box<dyn Gate>) -> bool {

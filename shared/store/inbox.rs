@@ -675,7 +675,11 @@ mod tests {
         let a = msg("a");
         inbox.append(&a, Durability::ProcessCrash).unwrap();
         // Simulate the crash: the batch is journaled, the inbox is not truncated.
-        j.append(&[Entry::Inbox { message: a.clone() }]).unwrap();
+        j.append(&[Entry::Inbox {
+            message: a.clone(),
+            at: None,
+        }])
+        .unwrap();
         let b = msg("b");
         inbox.append(&b, Durability::ProcessCrash).unwrap();
         let (mut j2, _) = Journal::open(&team, inbox.name(), &own(&team, inbox.name())).unwrap();

@@ -105,7 +105,7 @@ pub fn journaled(team: &TeamDir, name: &AgentName) -> Vec<(String, String)> {
         .unwrap()
         .into_iter()
         .filter_map(|e| match e {
-            Entry::Inbox { message } => Some((message.id, message.content)),
+            Entry::Inbox { message, .. } => Some((message.id, message.content)),
             _ => None,
         })
         .collect()

@@ -104,7 +104,7 @@ impl Team {
         self.transcript(name)
             .into_iter()
             .filter_map(|e| match e {
-                Entry::Inbox { message } => Some(message.id),
+                Entry::Inbox { message, .. } => Some(message.id),
                 _ => None,
             })
             .collect()
