@@ -18,6 +18,7 @@ mod sandbox_check;
 mod shell;
 mod supervisor;
 mod tasks;
+mod trace;
 mod up;
 mod up_trust;
 mod watch;
@@ -84,6 +85,8 @@ enum Cmd {
     Logs(commands::LogsArgs),
     /// Follow the team's events as they happen (--json for one object a line).
     Watch(watch::WatchArgs),
+    /// Write the team's history as a trace: Chrome trace events (Perfetto) or text.
+    Trace(trace::TraceArgs),
     /// Talk to the LLM lead: a REPL, or one prompt with -p (starts a supervisor if none runs).
     Chat(chat::ChatArgs),
     /// Run a whole team on the shipped cassette (no network, no key), printing a timeline.
@@ -197,6 +200,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
         Cmd::Watch(a) => watch::watch(&team()?, a),
+        Cmd::Trace(a) => trace::trace(&team()?, a),
         Cmd::Worktree(a) => commands::worktree(&team()?, a),
         Cmd::Task(a) => tasks::run(team_dir, a),
         Cmd::Up(a) => up::run(team_dir, a),
