@@ -414,7 +414,11 @@ fn abs(path: &std::path::Path) -> String {
 
 /// What member `m` is doing: its record, whether its process lives, and when its journal was
 /// last written. `here`: on a bus, this machine's host name.
-fn doing(team: &TeamDir, m: &troupe::config::Member, here: Option<&str>) -> liveness::Doing {
+pub(crate) fn doing(
+    team: &TeamDir,
+    m: &troupe::config::Member,
+    here: Option<&str>,
+) -> liveness::Doing {
     // A pid is this machine's only: for a member of another host, its supervisor's record is
     // what there is to go by.
     let elsewhere = here.is_some_and(|here| m.host.as_deref().is_some_and(|h| h != here));

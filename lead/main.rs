@@ -18,6 +18,7 @@ mod sandbox_check;
 mod shell;
 mod supervisor;
 mod tasks;
+mod top;
 mod trace;
 mod up;
 mod up_trust;
@@ -83,6 +84,8 @@ enum Cmd {
     Worktree(commands::WorktreeArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
+    /// A full-screen live view of the team (--once --json: one frame for scripts).
+    Top(top::TopArgs),
     /// Follow the team's events as they happen (--json for one object a line).
     Watch(watch::WatchArgs),
     /// Write the team's history as a trace: Chrome trace events (Perfetto) or text.
@@ -199,6 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Approve(a) => commands::decide(&team()?, a, true),
         Cmd::Reject(a) => commands::decide(&team()?, a, false),
         Cmd::Logs(a) => commands::logs(&team()?, a),
+        Cmd::Top(a) => top::top(&team()?, a),
         Cmd::Watch(a) => watch::watch(&team()?, a),
         Cmd::Trace(a) => trace::trace(&team()?, a),
         Cmd::Worktree(a) => commands::worktree(&team()?, a),

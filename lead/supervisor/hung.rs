@@ -33,6 +33,7 @@ impl Supervisor {
                 epoch: r.incarnation,
                 at: r.started_at,
                 allowance: 0.0,
+                doing: None,
             };
             let last = match beat::last(store, name) {
                 Ok(Some(b)) if b.epoch == r.incarnation && b.at >= r.started_at => b,

@@ -956,7 +956,8 @@ impl Teammate {
             self.conv.compactions,
         );
         let started_at = fsutil::now();
-        self.beater.beat(self.provider.longest_call());
+        self.beater
+            .beat_doing(self.provider.longest_call(), Some("compaction".into()));
         let response = self.provider.complete(&req);
         // The call's allowance ends with it: a stop right after is seen as soon as any.
         self.beater.beat(Duration::ZERO);
@@ -1007,7 +1008,10 @@ impl Teammate {
             agent: self.s.name.to_string(),
             seq: self.conv.calls,
         };
-        self.beater.beat(self.provider.longest_call());
+        self.beater.beat_doing(
+            self.provider.longest_call(),
+            Some(format!("model call {}", self.conv.calls + 1)),
+        );
         let response = self.provider.complete(&req);
         self.beater.beat(Duration::ZERO);
         response
@@ -1051,15 +1055,14 @@ impl Teammate {
         } else {
             Duration::ZERO
         };
-        self.beater.beat(allowance);
+        self.beater
+            .beat_doing(allowance, Some(format!("tool {name}")));
         let out = if name == "read_inbox" {
             self.tool_read_inbox(inbox_ids)?
         } else {
             self.dispatch_tool(name, input)
         };
-        if !allowance.is_zero() {
-            self.beater.beat(Duration::ZERO);
-        }
+        self.beater.beat(Duration::ZERO);
         tools::log_call(&self.s.team, self.s.name.as_str(), name, input, &out);
         Ok(out)
     }

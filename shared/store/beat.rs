@@ -25,7 +25,7 @@ use crate::teamdir::TeamDir;
 pub const IDLE_BEAT: Duration = Duration::from_secs(2);
 
 /// One beat.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Beat {
     /// The incarnation that wrote it.
     pub epoch: u64,
@@ -33,6 +33,9 @@ pub struct Beat {
     pub at: f64,
     /// How long the step begun at `at` may take before the next beat, in seconds.
     pub allowance: f64,
+    /// What that step is (`model call 7`, `tool bash`, `compaction`); none for the idle wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doing: Option<String>,
 }
 
 impl Beat {
@@ -78,10 +81,16 @@ impl Beater {
     /// Says "making progress; the step begun now may take `allowance`". A beat that cannot
     /// be written is logged (the watchdog may then take the worker for hung and restart it).
     pub fn beat(&mut self, allowance: Duration) {
+        self.beat_doing(allowance, None);
+    }
+
+    /// [`Beater::beat`], saying what the step is (`lead top` shows it as "doing now").
+    pub fn beat_doing(&mut self, allowance: Duration, doing: Option<String>) {
         let beat = Beat {
             epoch: self.epoch,
             at: crate::fsutil::now(),
             allowance: allowance.as_secs_f64(),
+            doing,
         };
         let Ok(mut bytes) = serde_json::to_vec(&beat) else {
             return;
@@ -147,12 +156,14 @@ mod tests {
             epoch: 1,
             at: 100.0,
             allowance: 0.0,
+            doing: None,
         };
         assert!(!idle.overdue(104.9, 5.0));
         assert!(idle.overdue(105.1, 5.0));
         let calling = Beat {
             allowance: 30.0,
-            ..idle
+            doing: Some("model call 3".into()),
+            ..idle.clone()
         };
         assert!(!calling.overdue(134.0, 5.0));
         assert!(calling.overdue(135.5, 5.0));
