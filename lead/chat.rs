@@ -178,6 +178,18 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
             return Ok(e.exit_code());
         }
     };
+    if troupe::telemetry::wanted() {
+        let team_name = troupe::config::Roster::new(&team)
+            .load_team()
+            .map(|c| c.team_name)
+            .unwrap_or_default();
+        troupe::telemetry::init(
+            "troupe-lead",
+            &team_name,
+            troupe::teamdir::LEAD,
+            provider.name(),
+        );
+    }
     let signals = Signals::install().context("failed to install signal handlers")?;
     let mut lead = Lead::open(
         settings(&team, &workdir, &a, prices),
@@ -194,6 +206,8 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
         own.stop()?;
     }
     eprintln!("lead: {}", spend_line(&team, &lead));
+    drop(lead);
+    troupe::telemetry::shutdown();
     result
 }
 

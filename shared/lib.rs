@@ -25,6 +25,7 @@ pub mod secrets;
 pub mod store;
 pub mod tasks;
 pub mod teamdir;
+pub mod telemetry;
 pub mod tools;
 pub mod transcript;
 pub mod worktree;

@@ -115,6 +115,10 @@ pub struct Message {
     pub plan: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
+    /// The W3C `traceparent` of the span that sent it, when its sender exports traces (the
+    /// activation it wakes links to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl Message {
@@ -132,6 +136,7 @@ impl Message {
             reason: None,
             plan: None,
             feedback: None,
+            traceparent: crate::telemetry::current_traceparent(),
         }
     }
 

@@ -424,6 +424,7 @@ fn message() -> BoxedStrategy<Message> {
                     reason,
                     plan,
                     feedback,
+                    traceparent: None,
                 }
             },
         )
@@ -1196,8 +1197,9 @@ fn entry_json() -> BoxedStrategy<Vec<u8>> {
         .boxed()
 }
 
-/// One line of a generated transcript.
+/// One line of a generated transcript (a test value: its size does not matter).
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 enum JournalLine {
     Valid(Entry),
     Garbage(Vec<u8>),

@@ -174,6 +174,14 @@ fn run(a: Args) -> anyhow::Result<u8> {
             return Ok(EX_CONFIG);
         }
     };
+    // Traces, when OTEL_EXPORTER_OTLP_ENDPOINT asks for them (nothing at all otherwise).
+    if troupe::telemetry::wanted() {
+        let team_name = troupe::config::Roster::new(&team)
+            .load_team()
+            .map(|c| c.team_name)
+            .unwrap_or_default();
+        troupe::telemetry::init("troupe-worker", &team_name, name.as_str(), provider.name());
+    }
     let workdir = match a.workdir {
         Some(w) => w,
         None => std::env::current_dir().context("failed to read the current directory")?,
@@ -211,7 +219,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         Err(_) if signals.term.load(Ordering::SeqCst) => return Ok(EXIT_TERM),
         Err(e) => return Err(e.into()),
     };
-    Ok(match mate.run(signals.fd())? {
+    let code = mate.run(signals.fd()).map(|outcome| match outcome {
         Outcome::Shutdown => 0,
         Outcome::Terminated => EXIT_TERM,
         Outcome::Llm(e) => {
@@ -219,7 +227,11 @@ fn run(a: Args) -> anyhow::Result<u8> {
             mate.record_failure(&e.to_string());
             e.exit_code()
         }
-    })
+    });
+    drop(mate);
+    // What is left of the traces goes out, for at most a second.
+    troupe::telemetry::shutdown();
+    Ok(code?)
 }
 
 /// Dies with the parent: `PR_SET_PDEATHSIG`, set here (the supervisor starts workers with

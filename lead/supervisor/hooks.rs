@@ -695,6 +695,12 @@ impl Runner {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");
+        // The trace export's settings (its headers often hold a key) are not a hook's.
+        for (k, _) in std::env::vars_os() {
+            if troupe::telemetry::hidden_var(&k) {
+                cmd.env_remove(k);
+            }
+        }
         if let Some(m) = at.member {
             cmd.env("TROUPE_MEMBER", m);
         }

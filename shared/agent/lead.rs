@@ -107,6 +107,8 @@ pub struct Lead {
     usage: Usage,
     /// What this session's calls cost, in US dollars.
     cost_usd: f64,
+    /// The turn under way, as exported (a no-op when nothing is).
+    span: crate::telemetry::Activation,
     /// `transcripts/lead.lock`: one LLM lead per team dir.
     _alive: HeldLock,
     /// On a bus, the lease of the lead's inbox: one consumer per team, whatever the host.
@@ -150,6 +152,7 @@ impl Lead {
             term,
             usage: Usage::default(),
             cost_usd: 0.0,
+            span: crate::telemetry::Activation::none(),
             _alive: alive,
             _consumer: consumer,
         })
@@ -226,6 +229,15 @@ impl Lead {
     /// Runs model calls and tools until the model ends its turn. Before each call the inbox is
     /// drained (journaled first) and its new messages join the next user turn.
     pub fn turn(&mut self, show: &mut dyn FnMut(Shown<'_>)) -> Result<TurnEnd> {
+        // A turn is the lead's activation, exported as a trace of its own when traces are.
+        let woken_by = self.conv.unseen.iter().find_map(|m| m.traceparent.clone());
+        self.span = crate::telemetry::Activation::begin(fsutil::now(), woken_by.as_deref());
+        let out = self.turn_steps(show);
+        std::mem::replace(&mut self.span, crate::telemetry::Activation::none()).end(fsutil::now());
+        out
+    }
+
+    fn turn_steps(&mut self, show: &mut dyn FnMut(Shown<'_>)) -> Result<TurnEnd> {
         for _ in 0..self.s.max_calls {
             if self.term.load(Ordering::SeqCst) {
                 return Ok(TurnEnd::Interrupted);
@@ -292,12 +304,22 @@ impl Lead {
             };
             self.account(&response);
             let gate_wait = crate::llm::gate::take_waited().as_secs_f64();
+            let waited = (gate_wait > 0.0).then_some(gate_wait);
+            let ended_at = fsutil::now();
+            self.span.model_call(
+                started_at,
+                ended_at,
+                &self.s.model,
+                &response.model,
+                &response.usage,
+                waited,
+            );
             let entry = Entry::Assistant {
                 seq: self.conv.calls,
                 response: response.clone(),
-                at: fsutil::now(),
+                at: ended_at,
                 started_at: Some(started_at),
-                waited: (gate_wait > 0.0).then_some(gate_wait),
+                waited,
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
@@ -309,11 +331,13 @@ impl Lead {
                     Block::Text { text } if !text.trim().is_empty() => show(Shown::Text(text)),
                     Block::ToolUse { id, name, input } => {
                         let started_at = fsutil::now();
+                        let tool_span = self.span.tool(name, id);
                         let output = if response.stop_reason == StopReason::MaxTokens {
                             ToolOutput::cut_short()
                         } else {
                             self.run_tool(name, input, &mut inbox_ids)?
                         };
+                        drop(tool_span);
                         timings.push(crate::transcript::ToolTiming {
                             tool_use_id: id.clone(),
                             name: name.clone(),

@@ -113,6 +113,8 @@ pub struct Teammate {
     /// The last failure to send an idle notification, so that each distinct one is logged once.
     idle_error: Option<String>,
     term: Arc<AtomicBool>,
+    /// The activation under way, as exported (a no-op when nothing is).
+    span: crate::telemetry::Activation,
 }
 
 /// Has the rate governor's waits for a call slot show in this member's record as
@@ -189,6 +191,7 @@ impl Teammate {
             record: RosterWriter::keeping_recent(roster),
             requests,
             term,
+            span: crate::telemetry::Activation::none(),
         };
         t.gate_open = t.plan_approved()?;
         show_slot_waits(&t.s.team, t.s.name.as_str(), t.incarnation);
@@ -528,7 +531,17 @@ impl Teammate {
     }
 
     /// One activation. `Some(outcome)` ends the process. `wake` becomes readable on a signal.
+    /// Exported as a trace of its own when the process exports traces (see
+    /// [`crate::telemetry`]), linked to the message that woke it.
     fn activation(&mut self, wake: BorrowedFd<'_>) -> Result<Option<Outcome>> {
+        let woken_by = self.conv.unseen.iter().find_map(|m| m.traceparent.clone());
+        self.span = crate::telemetry::Activation::begin(fsutil::now(), woken_by.as_deref());
+        let out = self.activation_steps(wake);
+        std::mem::replace(&mut self.span, crate::telemetry::Activation::none()).end(fsutil::now());
+        out
+    }
+
+    fn activation_steps(&mut self, wake: BorrowedFd<'_>) -> Result<Option<Outcome>> {
         self.set_status(MemberStatus::Working)?;
         while self.conv.calls_this_activation < self.s.max_calls {
             if self.terminated() {
@@ -607,12 +620,22 @@ impl Teammate {
                 },
             };
             let waited = crate::llm::gate::take_waited().as_secs_f64();
+            let waited = (waited > 0.0).then_some(waited);
+            let ended_at = fsutil::now();
+            self.span.model_call(
+                started_at,
+                ended_at,
+                &self.model,
+                &response.model,
+                &response.usage,
+                waited,
+            );
             let entry = Entry::Assistant {
                 seq: self.conv.calls,
                 response: response.clone(),
-                at: fsutil::now(),
+                at: ended_at,
                 started_at: Some(started_at),
-                waited: (waited > 0.0).then_some(waited),
+                waited,
             };
             self.journal.append(std::slice::from_ref(&entry))?;
             self.conv.push_entry(&entry);
@@ -636,11 +659,13 @@ impl Teammate {
             let ctx = self.context();
             for (id, name, input) in uses {
                 let started_at = fsutil::now();
+                let tool_span = self.span.tool(&name, &id);
                 let out = if response.stop_reason == StopReason::MaxTokens {
                     ToolOutput::cut_short()
                 } else {
                     self.run_tool(&name, &input, &mut inbox_ids)?
                 };
+                drop(tool_span);
                 timings.push(ToolTiming {
                     tool_use_id: id.clone(),
                     name: name.clone(),
@@ -967,6 +992,14 @@ impl Teammate {
         };
         // A billed call like any other: in the ledger, against the budget.
         self.account(&response);
+        self.span.model_call(
+            started_at,
+            fsutil::now(),
+            &self.model,
+            &response.model,
+            &response.usage,
+            None,
+        );
         let summary = compaction::summary_of(&response);
         let entry = Entry::Compaction {
             summary: compaction::summary_turn(&self.reminder(), &summary, at),

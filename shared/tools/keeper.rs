@@ -29,7 +29,13 @@ pub(super) struct Exec {
 impl Exec {
     /// `tmpdir`, when set, is the command's `TMPDIR`.
     pub(super) fn new(command: &str, tmpdir: Option<&std::path::Path>) -> Result<Exec, String> {
-        Exec::with_env(command, tmpdir, &[], &[])
+        // The tool call's span, when this process exports traces: the command's own tools
+        // (an OpenTelemetry SDK) continue the trace.
+        let trace: Vec<(String, String)> = crate::telemetry::current_traceparent()
+            .map(|t| ("TRACEPARENT".to_owned(), t))
+            .into_iter()
+            .collect();
+        Exec::with_env(command, tmpdir, &trace, &[])
     }
 
     /// [`Exec::new`] with `extra` variables set (over the inherited ones) and `hide` removed
@@ -45,6 +51,7 @@ impl Exec {
         let mut env = Vec::new();
         for (k, v) in std::env::vars_os() {
             if HIDDEN_ENV.iter().chain(hide).any(|h| OsStr::new(h) == k)
+                || crate::telemetry::hidden_var(&k)
                 || extra.iter().any(|(x, _)| OsStr::new(x) == k)
                 || (tmpdir.is_some() && k == "TMPDIR")
             {
