@@ -11,7 +11,7 @@ use serde_json::Value;
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
-use support::team::{Bg, Team, lead_cmd as lead, wait_until};
+use support::team::{Bg, Team, lead_cmd as lead, start_supervisor, wait_until};
 use troupe::config::{MemberStatus, Roster};
 
 const T: Duration = Duration::from_secs(30);
@@ -37,17 +37,7 @@ fn spawn(team: &Team, url: &str, name: &str) -> Output {
 fn supervise(team: &Team, url: &str, extra: &[&str]) -> Bg {
     let mut args = vec!["run", "--stop-timeout", "2", "--kill-grace", "1"];
     args.extend_from_slice(extra);
-    let bg = Bg(lead(team, url, &args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap());
-    wait_until(T, "the supervisor to hold lead.lock", || {
-        troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
-            .unwrap()
-            .then_some(())
-    });
-    bg
+    start_supervisor(team, lead(team, url, &args))
 }
 
 #[test]

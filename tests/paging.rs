@@ -4,10 +4,10 @@
 
 mod support;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use support::team::{Bg, Team, lead_cmd as lead, wait_until};
+use support::team::{Bg, Team, lead_cmd as lead, start_supervisor, wait_until};
 use troupe::requests::{NewRequest, RequestKind, RequestStatus, RequestStore};
 
 const T: Duration = Duration::from_secs(30);
@@ -17,21 +17,14 @@ fn out(c: &mut Command) -> Output {
 }
 
 fn supervise(team: &Team) -> Bg {
-    let bg = Bg(lead(
+    start_supervisor(
         team,
-        "http://127.0.0.1:9",
-        &["run", "--escalate-after", "2"],
+        lead(
+            team,
+            "http://127.0.0.1:9",
+            &["run", "--escalate-after", "2"],
+        ),
     )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap());
-    wait_until(T, "the supervisor to hold lead.lock", || {
-        troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
-            .unwrap()
-            .then_some(())
-    });
-    bg
 }
 
 fn stop(mut sup: Bg) {

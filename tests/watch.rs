@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::fake_llm::{FakeLlm, Reply, anthropic_text};
-use support::team::{Bg, Team, lead_cmd as lead, wait_until};
+use support::team::{Team, lead_cmd as lead, start_supervisor, wait_until};
 use troupe::config::MemberStatus;
 
 const T: Duration = Duration::from_secs(30);
@@ -90,20 +90,14 @@ fn lead_watch_json_prints_each_event_once_in_order_as_it_happens() {
     fake.push_for("m-mate", Reply::ok(anthropic_text("ready")));
     fake.push_for("m-mate", Reply::ok(anthropic_text("noted")));
     let url = fake.url();
-    let mut sup = Bg(lead(
+    let mut sup = start_supervisor(
         &team,
-        &url,
-        &["run", "--stop-timeout", "2", "--kill-grace", "1"],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap());
-    wait_until(T, "the supervisor to hold lead.lock", || {
-        troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
-            .unwrap()
-            .then_some(())
-    });
+        lead(
+            &team,
+            &url,
+            &["run", "--stop-timeout", "2", "--kill-grace", "1"],
+        ),
+    );
     // What was logged before the follower starts is not printed: it follows from now on.
     ok(&out(&mut lead(
         &team,

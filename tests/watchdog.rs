@@ -5,14 +5,14 @@
 
 mod support;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::fake_llm::{
     FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
 };
-use support::team::{Bg, Team, lead_cmd as lead, wait_until};
+use support::team::{Bg, Team, lead_cmd as lead, start_supervisor, wait_until};
 use troupe::config::MemberStatus;
 use troupe::message::MessageType;
 use troupe::transcript::Entry;
@@ -60,17 +60,7 @@ fn supervise(team: &Team, url: &str, env: &[(&str, &str)]) -> Bg {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let bg = Bg(cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap());
-    wait_until(T, "the supervisor to hold lead.lock", || {
-        troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
-            .unwrap()
-            .then_some(())
-    });
-    bg
+    start_supervisor(team, cmd)
 }
 
 fn spawn(team: &Team, url: &str, name: &str) {

@@ -225,6 +225,26 @@ impl Drop for Stopping {
 /// A background process (a supervisor) killed and reaped on drop.
 pub struct Bg(pub Child);
 
+/// Starts `cmd` (a `lead run` of `team`) in the background with its output dropped, and waits
+/// until it holds the team's `lead.lock`.
+pub fn start_supervisor(team: &Team, mut cmd: Command) -> Bg {
+    let bg = Bg(cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_until(
+        Duration::from_secs(30),
+        "the supervisor to hold lead.lock",
+        || {
+            troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
+                .unwrap()
+                .then_some(())
+        },
+    );
+    bg
+}
+
 impl Drop for Bg {
     fn drop(&mut self) {
         let _ = self.0.kill();
