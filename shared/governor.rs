@@ -376,7 +376,7 @@ impl Gate for Governor {
         let mut shown = false;
         let mut slept = false;
         let mut waiter = None;
-        let slot = loop {
+        let (slot, on) = loop {
             let cfg = self.settings();
             let on = cfg.rate_governor.unwrap_or_default() == Mode::On;
             let limits = if on {
@@ -439,7 +439,7 @@ impl Gate for Governor {
                     continue;
                 }
             }
-            break slot;
+            break (slot, on);
         };
         drop(waiter);
         if shown {
@@ -448,7 +448,6 @@ impl Gate for Governor {
         if slept {
             crate::llm::gate::note_waited(began.elapsed());
         }
-        let on = self.settings().rate_governor.unwrap_or_default() == Mode::On;
         Box::new(Held {
             governor: self,
             pool,

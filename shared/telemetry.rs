@@ -183,6 +183,13 @@ impl Activation {
         Activation(Some(span))
     }
 
+    /// [`Activation::begin`] now, woken by the first of `unseen` (the messages not yet shown
+    /// to the model) that carries a `traceparent`.
+    pub fn woken_by(unseen: &[crate::message::Message]) -> Activation {
+        let link = unseen.iter().find_map(|m| m.traceparent.as_deref());
+        Activation::begin(crate::fsutil::now(), link)
+    }
+
     /// Whether this is a live span (the export is on).
     pub fn is_on(&self) -> bool {
         self.0.is_some()

@@ -230,8 +230,7 @@ impl Lead {
     /// drained (journaled first) and its new messages join the next user turn.
     pub fn turn(&mut self, show: &mut dyn FnMut(Shown<'_>)) -> Result<TurnEnd> {
         // A turn is the lead's activation, exported as a trace of its own when traces are.
-        let woken_by = self.conv.unseen.iter().find_map(|m| m.traceparent.clone());
-        self.span = crate::telemetry::Activation::begin(fsutil::now(), woken_by.as_deref());
+        self.span = crate::telemetry::Activation::woken_by(&self.conv.unseen);
         let out = self.turn_steps(show);
         std::mem::replace(&mut self.span, crate::telemetry::Activation::none()).end(fsutil::now());
         out

@@ -534,8 +534,7 @@ impl Teammate {
     /// Exported as a trace of its own when the process exports traces (see
     /// [`crate::telemetry`]), linked to the message that woke it.
     fn activation(&mut self, wake: BorrowedFd<'_>) -> Result<Option<Outcome>> {
-        let woken_by = self.conv.unseen.iter().find_map(|m| m.traceparent.clone());
-        self.span = crate::telemetry::Activation::begin(fsutil::now(), woken_by.as_deref());
+        self.span = crate::telemetry::Activation::woken_by(&self.conv.unseen);
         let out = self.activation_steps(wake);
         std::mem::replace(&mut self.span, crate::telemetry::Activation::none()).end(fsutil::now());
         out
