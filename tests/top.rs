@@ -2,8 +2,9 @@
 //! real `lead` and `worker` on a fake model server): each member's row shows its state; a
 //! member sent work shows `working` soon after; `m` sends a message the member consumes; `q`
 //! exits 0 and the terminal is restored (the shell's screen back, the tty cooked again). And
-//! `lead top --once --json` prints one frame for scripts. Without tmux the test says so and
-//! skips (under CI=true it fails).
+//! `lead top --once --json` prints one frame for scripts. Ctrl-C, SIGTERM and SIGHUP restore
+//! the terminal as `q` does; Ctrl-Z gives it back while top is stopped and `fg` resumes the
+//! view. Without tmux the tests say so and skip (under CI=true they fail).
 
 mod support;
 
@@ -56,6 +57,93 @@ impl Tmux {
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{name} ")))
             .map(str::to_owned)
+    }
+}
+
+impl Tmux {
+    /// A tmux session (its own server) whose shell prints a mark, runs `lead top` on `team`,
+    /// prints top's exit status and then `stty -a` into the returned file.
+    fn start_top(team: &Team, session: &str) -> (Tmux, std::path::PathBuf) {
+        Tmux::start_top_in(team, session, "{top}")
+    }
+
+    /// As [`Tmux::start_top`], with `{top}` of `run` (bash) standing for the command.
+    fn start_top_in(team: &Team, session: &str, run: &str) -> (Tmux, std::path::PathBuf) {
+        let tmux = Tmux {
+            socket: team.path().join(format!("{session}.sock")),
+        };
+        let marks = team.path().join(format!("{session}.stty"));
+        let top = format!(
+            "{lead} --team-dir {dir} top",
+            lead = env!("CARGO_BIN_EXE_lead"),
+            dir = shell_quote(team.dir.root()),
+        );
+        let script = format!(
+            "echo BEFORE-TOP; {run}; echo \"top exited $?\"; stty -a > {marks}; sleep 60",
+            run = run.replace("{top}", &top),
+            marks = shell_quote(&marks),
+        );
+        let o = tmux.cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            "220",
+            "-y",
+            "40",
+            "bash",
+            "-c",
+            &script,
+        ]);
+        assert!(o.status.success(), "{o:?}");
+        (tmux, marks)
+    }
+
+    /// The pid of `lead top` in the pane: the child of the pane's shell.
+    fn top_pid(&self) -> i32 {
+        let o = self.cmd(&["list-panes", "-t", "top", "-F", "#{pane_pid}"]);
+        let shell = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+        wait_until(T, "lead top's process", || {
+            let o = Command::new("pgrep").args(["-P", &shell]).output().ok()?;
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse().ok())
+        })
+    }
+
+    /// Waits until top has drawn its view.
+    fn wait_drawn(&self) {
+        wait_until(T, "top's view", || {
+            self.screen().contains("troupe top").then_some(())
+        });
+    }
+
+    /// Waits for top to exit and checks that it exited `code` and gave the terminal back: the
+    /// shell's screen (not the alternate one) and a cooked tty.
+    fn assert_exited_restored(&self, marks: &Path, code: i32, how: &str) {
+        let screen = wait_until(T, &format!("top to exit on {how}"), || {
+            let s = self.screen();
+            s.contains("top exited").then_some(s)
+        });
+        assert!(
+            screen.contains(&format!("top exited {code}")),
+            "{how}: {screen}"
+        );
+        assert!(
+            screen.contains("BEFORE-TOP") && !screen.contains("troupe top"),
+            "{how}: the shell's screen is back: {screen}"
+        );
+        let stty = wait_until(T, "stty's report", || {
+            std::fs::read_to_string(marks)
+                .ok()
+                .filter(|s| !s.is_empty())
+        });
+        assert!(
+            stty.contains(" icanon") && stty.contains(" echo "),
+            "{how}: the tty is cooked again: {stty}"
+        );
     }
 }
 
@@ -130,32 +218,7 @@ fn lead_top_shows_the_team_live_sends_with_m_and_quits_clean_with_q() {
             .then_some(())
     });
 
-    let tmux = Tmux {
-        socket: team.path().join("tmux.sock"),
-    };
-    let marks = team.path().join("after-top");
-    let script = format!(
-        "echo BEFORE-TOP; {lead} --team-dir {dir} top; echo \"top exited $?\"; \
-         stty -a > {marks}; sleep 60",
-        lead = env!("CARGO_BIN_EXE_lead"),
-        dir = shell_quote(team.dir.root()),
-        marks = shell_quote(&marks),
-    );
-    let o = tmux.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "top",
-        "-x",
-        "220",
-        "-y",
-        "40",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    assert!(o.status.success(), "{o:?}");
-
+    let (tmux, marks) = Tmux::start_top(&team, "top");
     // Each member's row shows its state.
     for n in ["ann", "bob", "cat"] {
         let r = wait_until(T, &format!("{n}'s row"), || tmux.row(n));
@@ -203,24 +266,7 @@ fn lead_top_shows_the_team_live_sends_with_m_and_quits_clean_with_q() {
 
     // `q` exits 0 and gives the terminal back.
     tmux.keys(&["q"]);
-    let screen = wait_until(T, "top to exit", || {
-        let s = tmux.screen();
-        s.contains("top exited").then_some(s)
-    });
-    assert!(screen.contains("top exited 0"), "{screen}");
-    assert!(
-        screen.contains("BEFORE-TOP"),
-        "the shell's screen is back: {screen}"
-    );
-    let stty = wait_until(T, "stty's report", || {
-        std::fs::read_to_string(&marks)
-            .ok()
-            .filter(|s| !s.is_empty())
-    });
-    assert!(
-        stty.contains(" icanon") && stty.contains(" echo "),
-        "the tty is cooked again: {stty}"
-    );
+    tmux.assert_exited_restored(&marks, 0, "q");
 
     // One frame as JSON, for scripts.
     let o = out(&mut lead(&team, &url, &["top", "--once", "--json"]));
@@ -233,4 +279,82 @@ fn lead_top_shows_the_team_live_sends_with_m_and_quits_clean_with_q() {
         assert!(r["state"].is_string(), "{r}");
     }
     assert!(frame["header"]["tasks"].is_object(), "{frame}");
+}
+
+/// The state letter of a process (`/proc/PID/stat`): `T` when stopped.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[test]
+fn lead_top_gives_the_terminal_back_on_ctrl_c_sigterm_sighup_and_ctrl_z() {
+    if !have_tmux() {
+        return;
+    }
+    let team = Team::new();
+    let fake = FakeLlm::start([]).patient(T);
+    fake.push_for("m-ann", Reply::ok(anthropic_text("ready")));
+    let url = fake.url();
+    let o = out(&mut lead(
+        &team,
+        &url,
+        &[
+            "spawn", "ann", "--role", "helper", "--prompt", "p", "--model", "m-ann",
+        ],
+    ));
+    assert!(o.status.success(), "{o:?}");
+    let _sup = Bg(lead(&team, &url, &["run", "--stop-timeout", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_until(T, "ann idle", || {
+        (team.status("ann") == MemberStatus::Idle).then_some(())
+    });
+
+    // Ctrl-C is a key in raw mode: top quits as on `q`.
+    let (tmux, marks) = Tmux::start_top(&team, "ctrl-c");
+    tmux.wait_drawn();
+    tmux.keys(&["C-c"]);
+    tmux.assert_exited_restored(&marks, 0, "Ctrl-C");
+    drop(tmux);
+
+    // SIGTERM and SIGHUP (a closed ssh session) from outside.
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        let (tmux, marks) = Tmux::start_top(&team, name);
+        tmux.wait_drawn();
+        let pid = tmux.top_pid();
+        // SAFETY: kill has no memory-safety preconditions.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        tmux.assert_exited_restored(&marks, 0, name);
+    }
+
+    // Ctrl-Z gives the terminal back and stops top; `fg` gives it the screen again. A shell
+    // with job control, as a user's is (without it, a stop signal to the shell's own process
+    // group is discarded: there would be nobody to continue it).
+    let (tmux, marks) = Tmux::start_top_in(
+        &team,
+        "ctrl-z",
+        "set -m; {top}; echo \"stopped $?\"; read -r _; fg",
+    );
+    tmux.wait_drawn();
+    let pid = tmux.top_pid();
+    tmux.keys(&["C-z"]);
+    wait_until(T, "top stopped", || {
+        (proc_state(pid) == Some('T')).then_some(())
+    });
+    let screen = wait_until(T, "the shell's report", || {
+        let s = tmux.screen();
+        s.contains("stopped 148").then_some(s)
+    });
+    assert!(
+        screen.contains("BEFORE-TOP") && !screen.contains("troupe top"),
+        "the shell's screen while top is stopped: {screen}"
+    );
+    tmux.keys(&["Enter"]);
+    tmux.wait_drawn();
+    assert!(tmux.row("ann").is_some(), "{}", tmux.screen());
+    tmux.keys(&["q"]);
+    tmux.assert_exited_restored(&marks, 0, "q after Ctrl-Z");
 }
