@@ -13,6 +13,7 @@ mod chat;
 mod commands;
 mod demo;
 mod demo_board;
+mod merge;
 mod notify;
 mod sandbox_check;
 mod shell;
@@ -82,6 +83,9 @@ enum Cmd {
     Up(up::UpArgs),
     /// Teammates' git worktrees: `lead worktree remove NAME [--force]`.
     Worktree(commands::WorktreeArgs),
+    /// The merge queue: `lead merge NAME` queues NAME's branch; --list [--json], --cancel ID,
+    /// --retry ID.
+    Merge(merge::MergeArgs),
     /// Print a teammate's log (stderr of its worker).
     Logs(commands::LogsArgs),
     /// A full-screen live view of the team (--once --json: one frame for scripts).
@@ -206,6 +210,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Watch(a) => watch::watch(&team()?, a),
         Cmd::Trace(a) => trace::trace(&team()?, a),
         Cmd::Worktree(a) => commands::worktree(&team()?, a),
+        Cmd::Merge(a) => merge::merge(&team()?, a),
         Cmd::Task(a) => tasks::run(team_dir, a),
         Cmd::Up(a) => up::run(team_dir, a),
         Cmd::Chat(a) => chat::run(team_dir, a),

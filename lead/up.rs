@@ -65,6 +65,10 @@ pub struct TeamFile {
     /// Sets `max_members` in config.json (see `troupe::ceilings`); left out, left as it is.
     #[serde(default)]
     pub max_members: Option<u32>,
+    /// Sets `target_branch` in config.json: where the merge queue lands worktree members'
+    /// work (default `troupe/integration`); left out, left as it is.
+    #[serde(default)]
+    pub target_branch: Option<String>,
     /// Sets `max_spawns_per_minute` in config.json; left out, left as it is.
     #[serde(default)]
     pub max_spawns_per_minute: Option<u32>,
@@ -185,6 +189,7 @@ pub struct Declared {
 pub struct Plan {
     pub team_budget_usd: Option<f64>,
     pub max_members: Option<u32>,
+    pub target_branch: Option<String>,
     pub max_spawns_per_minute: Option<u32>,
     pub max_concurrent_calls: Option<u32>,
     pub model_caps: Option<std::collections::BTreeMap<String, u32>>,
@@ -220,6 +225,9 @@ pub fn validate(
     read_prompt: &dyn Fn(&Path) -> Result<String, String>,
 ) -> Result<Plan, Invalid> {
     check_usd("team_budget_usd", file.team_budget_usd)?;
+    if let Some(b) = &file.target_branch {
+        troupe::merge::check_branch_name(b).map_err(|why| invalid(format!("target_branch: {why}")))?;
+    }
     for (what, n) in [
         ("max_members", file.max_members),
         ("max_spawns_per_minute", file.max_spawns_per_minute),
@@ -334,6 +342,7 @@ pub fn validate(
     Ok(Plan {
         team_budget_usd: file.team_budget_usd,
         max_members: file.max_members,
+        target_branch: file.target_branch,
         max_spawns_per_minute: file.max_spawns_per_minute,
         max_concurrent_calls: file.max_concurrent_calls,
         model_caps: file.model_caps,
@@ -444,6 +453,7 @@ pub fn diff(
 ) -> Result<Changes, Refusal> {
     let declared = plan.team_budget_usd.is_some()
         || plan.max_members.is_some()
+        || plan.target_branch.is_some()
         || plan.max_spawns_per_minute.is_some()
         || plan.max_concurrent_calls.is_some()
         || plan.model_caps.is_some()
@@ -455,6 +465,9 @@ pub fn diff(
         }
         if plan.max_members.is_some() && cfg.max_members != plan.max_members {
             fields.push("max_members");
+        }
+        if plan.target_branch.is_some() && cfg.target_branch != plan.target_branch {
+            fields.push("target_branch");
         }
         if plan.max_spawns_per_minute.is_some()
             && cfg.max_spawns_per_minute != plan.max_spawns_per_minute
@@ -679,6 +692,9 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
             }
             if let Some(n) = plan.max_members {
                 cfg.max_members = Some(n);
+            }
+            if let Some(b) = &plan.target_branch {
+                cfg.target_branch = Some(b.clone());
             }
             if let Some(n) = plan.max_spawns_per_minute {
                 cfg.max_spawns_per_minute = Some(n);

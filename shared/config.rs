@@ -334,6 +334,10 @@ pub struct TeamConfig {
     /// --max-members`; see [`crate::ceilings`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_members: Option<u32>,
+    /// The branch the merge queue lands worktree members' work on (team file
+    /// `target_branch`; `lead run --target` overrides it; default `troupe/integration`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_branch: Option<String>,
     /// At most this many spawns that start a process within a minute (`lead run
     /// --max-spawns-per-minute`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -367,6 +371,7 @@ impl Default for TeamConfig {
             retired_spend: BTreeMap::new(),
             hooks: Vec::new(),
             max_members: None,
+            target_branch: None,
             max_spawns_per_minute: None,
             spawn_times: Vec::new(),
             max_concurrent_calls: None,

@@ -60,6 +60,9 @@ pub enum Error {
     /// No task with this id (or an id that cannot be one).
     #[error("no such task: {0}")]
     UnknownTask(String),
+    /// No entry of the merge queue with this id.
+    #[error("no such merge queue entry: {0}")]
+    UnknownMerge(String),
     /// A task change the board's rules refuse (a claim of a blocked or taken task, an update by
     /// someone other than its owner, a cancel that would strand dependents, a cycle).
     #[error("task {id}: {why}")]
@@ -134,7 +137,10 @@ impl Error {
             | Error::UnknownMessageType(_)
             | Error::InvalidTask(_)
             | Error::NotARepository { .. } => 2,
-            Error::UnknownMember(_) | Error::UnknownRequest(_) | Error::UnknownTask(_) => 3,
+            Error::UnknownMember(_)
+            | Error::UnknownRequest(_)
+            | Error::UnknownTask(_)
+            | Error::UnknownMerge(_) => 3,
             Error::AlreadyResolved { .. }
             | Error::TaskRefused { .. }
             | Error::NoClaimableTask

@@ -27,6 +27,12 @@ pub enum HookEvent {
     /// paged. Runs as the supervisor's user whatever `sandbox` says (it pages people; its
     /// command comes from a team file no member can change), and its exit code is only logged.
     RequestPending,
+    /// A worktree member's commit, merged onto the target branch in the merge queue's
+    /// integration tree, waits to land (see [`crate::merge`]): runs there, in a sandbox whose
+    /// only writable dirs are that tree and its kept `CARGO_TARGET_DIR`. Exit 0 lands the merge,
+    /// any other exit sends it back with the stderr tail, and a timeout, a signal or a spawn
+    /// error stops the queue.
+    MergeCheck,
 }
 
 impl HookEvent {
@@ -36,6 +42,7 @@ impl HookEvent {
             HookEvent::TaskCreated => "task_created",
             HookEvent::TaskCompleted => "task_completed",
             HookEvent::RequestPending => "request_pending",
+            HookEvent::MergeCheck => "merge_check",
         }
     }
 }
@@ -54,9 +61,10 @@ impl std::str::FromStr for HookEvent {
             "task_created" => Ok(HookEvent::TaskCreated),
             "task_completed" => Ok(HookEvent::TaskCompleted),
             "request_pending" => Ok(HookEvent::RequestPending),
+            "merge_check" => Ok(HookEvent::MergeCheck),
             _ => Err(format!(
-                "unknown hook event {s:?} (expected teammate_idle, task_created, task_completed \
-                 or request_pending)"
+                "unknown hook event {s:?} (expected teammate_idle, task_created, task_completed, \
+                 request_pending or merge_check)"
             )),
         }
     }

@@ -16,6 +16,7 @@ pub mod ids;
 pub mod liveness;
 pub mod llm;
 pub mod mail;
+pub mod merge;
 pub mod message;
 pub mod ops;
 pub mod out;

@@ -390,8 +390,9 @@ impl TaskStore {
 
     /// The owner's report on its in-progress task: `completed` (done, with `result`), or
     /// `pending` (it gives the task up: the owner is cleared and anyone may claim it). Only the
-    /// owner may update. Where the team has `task_completed` hooks, a completion is held as
-    /// `completing` until they pass it ([`TaskStore::settle_completion`]).
+    /// owner may update. Where the team has `task_completed` hooks, or the owner works in a
+    /// worktree, a completion is held as `completing` until the hooks pass it and its work
+    /// lands ([`TaskStore::settle_completion`], [`crate::merge`]).
     pub fn update(
         &self,
         id: &str,
@@ -404,7 +405,10 @@ impl TaskStore {
                 "an owner moves its task to completed or pending (gives it up), not {status}"
             )));
         }
-        let held = status == TaskStatus::Completed && hooked(&self.team, HookEvent::TaskCompleted);
+        // Held for the hooks, and for the merge queue when the owner works in a worktree: its
+        // dependents wait until its work has landed.
+        let held = status == TaskStatus::Completed
+            && (hooked(&self.team, HookEvent::TaskCompleted) || integrates(&self.team, who));
         let task = self.locked(id, |cur| {
             let mut t = cur.ok_or_else(|| Error::UnknownTask(id.to_owned()))?;
             if t.owner.as_deref() != Some(who) {
@@ -731,6 +735,14 @@ fn hooked(team: &TeamDir, event: HookEvent) -> bool {
     crate::config::Roster::new(team)
         .load_team()
         .map_or(true, |c| crate::hooks::any_for(&c.hooks, event))
+}
+
+/// Whether a completion by `who` goes through the merge queue: `who` works in its own worktree.
+/// An unreadable roster counts as yes, as in [`hooked`].
+fn integrates(team: &TeamDir, who: &str) -> bool {
+    crate::config::Roster::new(team)
+        .load_for(who)
+        .map_or(true, |c| c.member(who).is_some_and(|m| m.worktree.is_some()))
 }
 
 /// A cycle reachable from a new task `id` blocked by `blockers`, over the `blocked_by` links of

@@ -122,6 +122,17 @@ fn is_hex8(id: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Validates a merge queue entry's id: exactly 8 lower-case hex characters, as task ids.
+pub fn check_merge_id(id: &str) -> Result<()> {
+    if is_hex8(id) {
+        Ok(())
+    } else {
+        Err(Error::UnknownMerge(format!(
+            "{id:?} (an entry id is 8 lower-case hex characters)"
+        )))
+    }
+}
+
 /// Validates a task id: exactly 8 lower-case hex characters, as request ids.
 pub fn check_task_id(id: &str) -> Result<()> {
     if is_hex8(id) {
@@ -261,6 +272,20 @@ impl TeamDir {
     pub fn task_lock(&self, id: &str) -> Result<PathBuf> {
         check_task_id(id)?;
         Ok(self.tasks_dir().join(format!("{id}.lock")))
+    }
+    /// `merge/`: the merge queue's entries (see [`crate::merge`]).
+    pub fn merge_dir(&self) -> PathBuf {
+        self.root.join("merge")
+    }
+    /// `merge/ID.json`. The id must be 8 lower-case hex characters.
+    pub fn merge_entry(&self, id: &str) -> Result<PathBuf> {
+        check_merge_id(id)?;
+        Ok(self.merge_dir().join(format!("{id}.json")))
+    }
+    /// `merge/ID.lock`.
+    pub fn merge_lock(&self, id: &str) -> Result<PathBuf> {
+        check_merge_id(id)?;
+        Ok(self.merge_dir().join(format!("{id}.lock")))
     }
     /// `tasks/keys.lock`, held while a task with a key (from a team file) is looked up and
     /// created, so a key is on the board once.

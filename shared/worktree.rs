@@ -48,7 +48,7 @@ pub fn branch_of(name: &str) -> String {
 /// What every git troupe runs is given first: no program named by the repository's config
 /// runs (a member may have written that config before it was read-only to it, or a file git
 /// consults), and no hook.
-const SAFE: [&str; 4] = [
+pub(crate) const SAFE: [&str; 4] = [
     "-c",
     "core.fsmonitor=false",
     "-c",
@@ -56,7 +56,7 @@ const SAFE: [&str; 4] = [
 ];
 
 /// Runs `git -C dir ARGS` with no inherited repository overrides.
-fn git(dir: &Path, args: &[&str]) -> Result<Output> {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<Output> {
     Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -75,7 +75,7 @@ fn git(dir: &Path, args: &[&str]) -> Result<Output> {
 }
 
 /// `git -C dir ARGS`, its stdout when it succeeds, else [`Error::Git`] with its stderr.
-fn git_ok(dir: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn git_ok(dir: &Path, args: &[&str]) -> Result<String> {
     let o = git(dir, args)?;
     if !o.status.success() {
         return Err(Error::Git {
@@ -175,7 +175,7 @@ pub fn ensure(team_dir: &Path, name: &str, known: Option<&Worktree>) -> Result<W
 /// The admin dir of the worktree at `path` in the repository whose main tree is `repo`: the
 /// one of `<repo>/.git/worktrees/*` whose `gitdir` names `path/.git`. Read from the common git
 /// dir, never from the worktree's own `.git` file.
-fn admin_of(repo: &Path, path: &Path) -> Option<PathBuf> {
+pub(crate) fn admin_of(repo: &Path, path: &Path) -> Option<PathBuf> {
     let want = path.join(".git");
     let want = want.canonicalize().unwrap_or(want);
     let dirs = std::fs::read_dir(repo.join(".git/worktrees")).ok()?;

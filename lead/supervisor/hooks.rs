@@ -75,6 +75,7 @@ impl Hooks {
         let stop = Arc::new(AtomicBool::new(false));
         let runner = Runner {
             store: TaskStore::new(&team),
+            merges: troupe::merge::MergeStore::new(&team),
             team,
             workdir,
             host,
@@ -107,6 +108,7 @@ impl Hooks {
 struct Runner {
     team: TeamDir,
     store: TaskStore,
+    merges: troupe::merge::MergeStore,
     workdir: PathBuf,
     host: Option<String>,
     stop: Arc<AtomicBool>,
@@ -343,6 +345,11 @@ impl Runner {
             if self.stopped() {
                 return Ok(());
             }
+            // Passed already, and in the merge queue until it lands.
+            let entry = troupe::merge::task_entry_id(&t.id, t.completion);
+            if self.merges.find(&entry)?.is_some() {
+                continue;
+            }
             self.task_completed(&cfg, t)?;
         }
         for m in &cfg.members {
@@ -400,6 +407,23 @@ impl Runner {
         // The verdict is on this completion of the task (`t` as the hooks got it); the task
         // may have been reopened and completed again meanwhile.
         if ran.outcome != Outcome::Block {
+            // A worktree member's work is integrated first: the task completes when it lands.
+            if let Some(m) = owner.and_then(|o| cfg.member(o))
+                && let Some(wt) = &m.worktree
+            {
+                let commit = troupe::merge::git::branch_tip(&wt.repo, &wt.branch)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                self.merges.enqueue(&troupe::merge::NewEntry {
+                    member: m.name.clone(),
+                    branch: wt.branch.clone(),
+                    commit,
+                    task: Some((t.id.clone(), t.completion)),
+                    host: m.host.clone(),
+                })?;
+                return Ok(());
+            }
             let settled =
                 self.store
                     .settle_completion(&t.id, t.completion, true, |_| false, |_| ())?;

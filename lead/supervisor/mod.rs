@@ -44,6 +44,7 @@ mod background;
 mod escalate;
 mod exit;
 mod hooks;
+mod merge;
 mod hung;
 mod lease;
 mod policy;
@@ -116,6 +117,11 @@ pub struct RunArgs {
     /// handed to every worker.
     #[arg(long, env = "TROUPE_PRICES")]
     prices: Option<PathBuf>,
+    /// The branch the merge queue lands worktree members' work on, for this run (over the
+    /// team file's `target_branch`; default `troupe/integration`, made at the main tree's
+    /// `HEAD`).
+    #[arg(long, value_name = "BRANCH", value_parser = parse_branch)]
+    target: Option<String>,
     #[command(flatten)]
     pub sandbox: troupe::sandbox::Settings,
     /// On a team spread over machines (a bus): the host this supervisor runs the members of
@@ -150,6 +156,7 @@ impl RunArgs {
             rate_governor,
             escalate_after,
             prices,
+            target,
             sandbox,
             host,
         } = self;
@@ -197,6 +204,9 @@ impl RunArgs {
             let p = p.to_str().context("--prices is not valid UTF-8")?;
             args.extend(["--prices".to_owned(), p.to_owned()]);
         }
+        if let Some(t) = target {
+            args.extend(["--target".to_owned(), t.clone()]);
+        }
         args.extend(sandbox.to_args().map_err(anyhow::Error::msg)?);
         if let Some(h) = host {
             args.extend(["--host".to_owned(), h.clone()]);
@@ -208,6 +218,11 @@ impl RunArgs {
 /// The longest delay accepted, in seconds (about 31 years): far beyond any use, and small
 /// enough that adding it to an `Instant` cannot overflow.
 const MAX_DELAY_SECS: f64 = 1e9;
+
+/// A branch name git takes (see [`troupe::merge::check_branch_name`]).
+fn parse_branch(s: &str) -> Result<String, String> {
+    troupe::merge::check_branch_name(s).map(|()| s.to_owned())
+}
 
 /// A number of seconds (fractions allowed) from 0 to [`MAX_DELAY_SECS`].
 fn parse_secs(s: &str) -> Result<f64, String> {
@@ -423,6 +438,12 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
             .escalate_after
             .map(std::time::Duration::from_secs_f64),
     )?;
+    let merges = merge::MergeQueue::start(
+        sup.team.clone(),
+        sup.host().map(str::to_owned),
+        sup.args.sandbox.clone(),
+        sup.args.target.clone(),
+    )?;
     // Ready: the lock is held and every member that should run has been started.
     std::fs::write(
         sup.team.lead_lock(),
@@ -481,8 +502,10 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         due |= sup.look_at_watch() | std::mem::take(&mut sup.watch_saw);
     }
     notifier.stopping();
-    // A hook running now is killed; what it was run for stays marked for the next start.
+    // A hook running now is killed; what it was run for stays marked for the next start. So is
+    // a merge check: its entry is checked again by the next start.
     hooks.stop();
+    merges.stop();
     if lost {
         let host = sup.host().unwrap_or_default().to_owned();
         sup.abandon_team();

@@ -67,8 +67,33 @@ impl Records<'_> {
         }
     }
 
+    /// Reserves the id `id`, chosen by the caller (a record keyed by what it is about):
+    /// `false` when it was reserved already.
+    pub fn reserve_keyed(&self, id: &str) -> Result<bool> {
+        (self.file)(self.team, id)?;
+        if let Store::Redis(bus) = self.team.store() {
+            let index = bus.key(&self.index());
+            let added: i64 = bus.with_conn("reserve an id", |c| {
+                redis::cmd("SADD").arg(&index).arg(id).query(c)
+            })?;
+            return Ok(added == 1);
+        }
+        fsutil::create_dir(&(self.dir)(self.team))?;
+        let lock_path = (self.lock)(self.team, id)?;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&lock_path)
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Error::io("create", &lock_path)(e)),
+        }
+    }
+
     /// The record `id`, or `None` when its file is not there.
-    fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
+    pub fn read<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
         let path = (self.file)(self.team, id)?;
         let bytes = match self.team.store() {
             Store::Redis(bus) => bus.get_doc(&self.key(id))?,

@@ -1,0 +1,617 @@
+//! The merge queue's thread (see [`troupe::merge`]): takes the open entries of this host's
+//! members in order, one at a time, and lands each on the team's target branch once it merges
+//! cleanly and the `merge_check` hooks pass in the integration tree.
+//!
+//! For an entry: the integration tree is reset to the target's tip and the entry's commit is
+//! merged onto it (`--no-ff`); the merge commit is recorded in the entry (`checking`) before
+//! any check runs, and that commit is what lands, by compare-and-swap of the target ref from
+//! the tip it was merged onto. A conflict, a failed check or a commit with nothing beyond the
+//! target sends the entry back (its task to its owner, `in_progress`, or `pending` if the owner
+//! has ended); a check that gives no verdict (a timeout, a signal, a spawn error) stops the
+//! queue on that entry until `lead merge --retry`. A target checked out in a tree moves only
+//! with that tree, by fast-forward when it is clean; otherwise the entry waits.
+//!
+//! Nothing is kept in memory: a supervisor killed during a check finds the entry `checking` at
+//! its next start and checks it again (a land it had made already is recognised: the target
+//! holds the recorded merge commit), so the target moves at most once per entry.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use serde_json::json;
+use troupe::TeamDir;
+use troupe::config::{MemberStatus, Roster, TeamConfig};
+use troupe::hooks::HookEvent;
+use troupe::inbox::Durability;
+use troupe::mail::Stopped;
+use troupe::merge::git::{self as mgit, Integration, Merged};
+use troupe::merge::{MergeEntry, MergeState, MergeStore};
+use troupe::message::{Message, MessageType};
+use troupe::sandbox::{Sandbox, Settings as SandboxSettings};
+use troupe::store::Watched;
+use troupe::tasks::{TaskStatus, TaskStore};
+use troupe::teamdir::LEAD;
+
+/// The most of a check's stderr a report keeps (its tail).
+const REPORT_TAIL: usize = 4000;
+
+/// The running merge thread.
+pub struct MergeQueue {
+    stop: Arc<AtomicBool>,
+    wake: std::os::unix::net::UnixStream,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl MergeQueue {
+    /// Starts the thread for `team`. `host`: on a bus, this supervisor's (it integrates the
+    /// entries of its own members: branches are host-local). `target`: `lead run --target`.
+    pub fn start(
+        team: TeamDir,
+        host: Option<String>,
+        sandbox: SandboxSettings,
+        target: Option<String>,
+    ) -> anyhow::Result<MergeQueue> {
+        let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
+        wake_r.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let q = Queue {
+            store: MergeStore::new(&team),
+            tasks: TaskStore::new(&team),
+            team,
+            host,
+            sandbox,
+            target,
+            stop: stop.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("merge".into())
+            .spawn(move || q.run(&wake_r))?;
+        Ok(MergeQueue {
+            stop,
+            wake: wake_w,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stops the thread: a check running now is killed, and its entry stays `checking`.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.wake).write_all(b"x");
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Queue {
+    team: TeamDir,
+    store: MergeStore,
+    tasks: TaskStore,
+    host: Option<String>,
+    sandbox: SandboxSettings,
+    target: Option<String>,
+    stop: Arc<AtomicBool>,
+}
+
+/// What the queue does after an entry.
+enum After {
+    /// Go on with the next entry.
+    Next,
+    /// Wait (for a clean tree, a retry, the next start): the entries behind it wait too.
+    Hold,
+}
+
+/// A check's verdict.
+enum Verdict {
+    Passed,
+    Failed(String),
+    NoVerdict(String),
+}
+
+impl Queue {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn run(&self, wake: &std::os::unix::net::UnixStream) {
+        let watch = self.team.store().watch(&[Watched::Tasks]).ok();
+        while !self.stopped() {
+            if let Err(e) = self.pass() {
+                tracing::warn!("merge queue: {e:#}");
+            }
+            let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+            if let Some(w) = &watch {
+                fds.push(PollFd::new(w.fd(), PollFlags::POLLIN));
+            }
+            // `lead merge` writes no task: it is seen within the second.
+            let _ = poll(&mut fds, PollTimeout::from(1000u16));
+            drop(fds);
+            if let Some(w) = &watch {
+                let _ = w.changed();
+            }
+        }
+    }
+
+    /// The open entries of this host's members, in order, each until one holds the queue.
+    fn pass(&self) -> anyhow::Result<()> {
+        let open = troupe::merge::open_in_order(self.store.list()?);
+        if open.is_empty() {
+            return Ok(());
+        }
+        let Ok(cfg) = Roster::new(&self.team).load() else {
+            return Ok(());
+        };
+        for e in open {
+            if self.stopped() {
+                return Ok(());
+            }
+            if self.host.is_some() && e.host != self.host {
+                continue;
+            }
+            if e.state == MergeState::Stopped {
+                return Ok(());
+            }
+            match self.step(&cfg, e)? {
+                After::Next => {}
+                After::Hold => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    fn target(&self, cfg: &TeamConfig) -> String {
+        self.target
+            .clone()
+            .or_else(|| cfg.target_branch.clone())
+            .unwrap_or_else(|| troupe::merge::DEFAULT_TARGET.to_owned())
+    }
+
+    fn step(&self, cfg: &TeamConfig, e: MergeEntry) -> anyhow::Result<After> {
+        // A task that moved on (reopened, cancelled, completed again) is not this entry's to
+        // settle any more.
+        if let (Some(task), Some(completion)) = (&e.task, e.completion) {
+            let t = self.tasks.get(task)?;
+            if t.status != TaskStatus::Completing || t.completion != completion {
+                self.close(
+                    &e,
+                    MergeState::Cancelled,
+                    format!("task {task} is {} now", t.status),
+                )?;
+                return Ok(After::Next);
+            }
+        }
+        let Some(wt) = cfg.member(&e.member).and_then(|m| m.worktree.clone()) else {
+            self.send_back(cfg, &e, format!("{} has no worktree", e.member))?;
+            return Ok(After::Next);
+        };
+        let repo = wt.repo.clone();
+        let target = self.target(cfg);
+        let tip = mgit::ensure_target(&repo, &target)?;
+
+        // Checked (or landed) by an earlier run: a land made just before a crash is not made
+        // again; a checked merge still on the tip lands without checking again.
+        if matches!(e.state, MergeState::Checking | MergeState::Waiting)
+            && let Some(candidate) = &e.candidate
+        {
+            if mgit::is_ancestor(&repo, candidate, &tip)? {
+                self.landed(cfg, &e, &repo, &tip)?;
+                return Ok(After::Next);
+            }
+            if e.state == MergeState::Waiting && e.base.as_deref() == Some(tip.as_str()) {
+                return self.land(cfg, &e, &repo, &target, &tip, candidate);
+            }
+        }
+
+        if wt.branch != e.branch {
+            self.send_back(cfg, &e, format!("{} works on {} now", e.member, wt.branch))?;
+            return Ok(After::Next);
+        }
+        if troupe::worktree::is_dirty(&wt) == Some(true) && e.task.is_some() {
+            self.send_back(
+                cfg,
+                &e,
+                format!(
+                    "your worktree {} has uncommitted changes: commit your work, then complete \
+                     the task again",
+                    wt.path.display()
+                ),
+            )?;
+            return Ok(After::Next);
+        }
+        let commit_known = !e.commit.is_empty()
+            && mgit::is_ancestor(&repo, &e.commit, &e.commit).unwrap_or(false);
+        if !commit_known || mgit::is_ancestor(&repo, &e.commit, &tip)? {
+            self.send_back(
+                cfg,
+                &e,
+                format!(
+                    "{} has no commit beyond {target}: commit your work, then complete the task \
+                     again",
+                    e.branch
+                ),
+            )?;
+            return Ok(After::Next);
+        }
+
+        let tree = Integration::ensure(&repo, &tip)?;
+        tree.reset(&tip)?;
+        let message = match &e.task {
+            Some(t) => format!("Merge {} into {target} (task {t})", e.branch),
+            None => format!("Merge {} into {target}", e.branch),
+        };
+        let candidate = match tree.merge(&e.commit, &message)? {
+            Merged::Clean(c) => c,
+            Merged::Conflict(files) => {
+                self.send_back(
+                    cfg,
+                    &e,
+                    format!(
+                        "{} does not merge cleanly into {target}: conflicts in {}. Merge {target} \
+                         into your branch (git merge {target}), resolve, commit, and complete the \
+                         task again",
+                        e.branch,
+                        files.join(", ")
+                    ),
+                )?;
+                return Ok(After::Next);
+            }
+        };
+        let (now, moved) = self.store.update_checking(&e.id, &target, &tip, &candidate)?;
+        if !moved {
+            // Cancelled meanwhile.
+            return Ok(if now.state.is_open() {
+                After::Hold
+            } else {
+                After::Next
+            });
+        }
+        let verdict = match self.check(cfg, &now, &tree) {
+            Some(v) => v,
+            // Stopped: the entry stays `checking`, for the next start.
+            None => return Ok(After::Hold),
+        };
+        let (passed, tail) = match &verdict {
+            Verdict::Passed => (Some(true), None),
+            Verdict::Failed(t) => (Some(false), Some(t.clone())),
+            Verdict::NoVerdict(t) => (None, Some(t.clone())),
+        };
+        self.store.log(
+            "merge_checked",
+            &now,
+            json!({"passed": passed, "candidate": candidate, "base": tip, "target": target,
+                   "stderr": tail}),
+        );
+        match verdict {
+            Verdict::Passed => {
+                let now = self.store.get(&e.id)?;
+                if now.state != MergeState::Checking {
+                    return Ok(After::Next);
+                }
+                self.land(cfg, &now, &repo, &target, &tip, &candidate)
+            }
+            Verdict::Failed(stderr) => {
+                self.send_back(
+                    cfg,
+                    &now,
+                    format!(
+                        "a merge_check failed on {} merged into {target}; nothing landed. It \
+                         said:\n{stderr}",
+                        e.branch
+                    ),
+                )?;
+                Ok(After::Next)
+            }
+            Verdict::NoVerdict(why) => {
+                let (s, moved) = self.store.set_state(
+                    &e.id,
+                    &[MergeState::Checking],
+                    MergeState::Stopped,
+                    Some(why.clone()),
+                )?;
+                if moved {
+                    self.store.log("merge_stopped", &s, json!({"why": why}));
+                }
+                Ok(After::Hold)
+            }
+        }
+    }
+
+    /// Lands `candidate` (checked, merged onto `base`) on `target`.
+    fn land(
+        &self,
+        cfg: &TeamConfig,
+        e: &MergeEntry,
+        repo: &Path,
+        target: &str,
+        base: &str,
+        candidate: &str,
+    ) -> anyhow::Result<After> {
+        if let Some(tree) = mgit::checked_out_at(repo, target)? {
+            // A checked-out branch moves only with its tree, and only over a clean one.
+            if mgit::tree_is_dirty(&tree)? {
+                let (s, moved) = self.store.set_state(
+                    &e.id,
+                    &[MergeState::Checking, MergeState::Waiting],
+                    MergeState::Waiting,
+                    Some(format!(
+                        "{target} is checked out in {}, which has changes of its own: the \
+                         merge lands once they are committed or put away",
+                        tree.display()
+                    )),
+                )?;
+                if moved && e.state != MergeState::Waiting {
+                    self.store
+                        .log("merge_waiting", &s, json!({"tree": tree, "target": target}));
+                }
+                return Ok(After::Hold);
+            }
+            if !mgit::fast_forward_tree(&tree, candidate)? {
+                // The tree's branch moved meanwhile (a person's commit): merge again.
+                self.requeue(e)?;
+                return Ok(After::Next);
+            }
+        } else if !mgit::compare_and_swap(repo, target, candidate, base)? {
+            self.requeue(e)?;
+            return Ok(After::Next);
+        }
+        self.landed(cfg, e, repo, candidate)?;
+        Ok(After::Next)
+    }
+
+    /// Back to `queued` (the target moved between the merge and the land).
+    fn requeue(&self, e: &MergeEntry) -> anyhow::Result<()> {
+        self.store.set_state(
+            &e.id,
+            &[MergeState::Checking, MergeState::Waiting],
+            MergeState::Queued,
+            Some("the target moved before the land: merged and checked again".to_owned()),
+        )?;
+        Ok(())
+    }
+
+    /// The entry's merge is on the target (`tip`): recorded, its task completed, and idle
+    /// members' clean worktrees brought up to the target.
+    fn landed(
+        &self,
+        cfg: &TeamConfig,
+        e: &MergeEntry,
+        repo: &Path,
+        tip: &str,
+    ) -> anyhow::Result<()> {
+        let mut moved = false;
+        let now = self.store.update(&e.id, |x| {
+            if !x.state.is_open() {
+                return false;
+            }
+            x.state = MergeState::Landed;
+            x.landed = Some(tip.to_owned());
+            x.report = None;
+            moved = true;
+            true
+        })?;
+        if !moved {
+            return Ok(());
+        }
+        self.store.log("merge_landed", &now, json!({"landed": tip}));
+        if let (Some(task), Some(completion)) = (&e.task, e.completion) {
+            let settled =
+                self.tasks
+                    .settle_completion(task, completion, true, |_| false, |_| ())?;
+            if settled.is_some() {
+                troupe::tasks::wake_claimers(&self.team, None);
+            }
+        }
+        // Idle members' clean worktrees follow the target, so that their next change does not
+        // conflict with their last one.
+        for m in &cfg.members {
+            let Some(wt) = &m.worktree else { continue };
+            if wt.repo != repo || m.status != MemberStatus::Idle {
+                continue;
+            }
+            if self.host.is_some() && m.host != self.host {
+                continue;
+            }
+            match mgit::fast_forward_member(wt, tip) {
+                Ok(true) => troupe::events::log(
+                    &self.team,
+                    "worktree_fast_forwarded",
+                    json!({"member": m.name, "branch": wt.branch, "to": tip}),
+                ),
+                Ok(false) => {}
+                Err(err) => tracing::warn!("merge queue: {}'s worktree: {err}", m.name),
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes entry `e` as `state` with `report` (no message to anyone).
+    fn close(&self, e: &MergeEntry, state: MergeState, report: String) -> anyhow::Result<()> {
+        let open = [
+            MergeState::Queued,
+            MergeState::Checking,
+            MergeState::Waiting,
+            MergeState::Stopped,
+        ];
+        let (s, moved) = self.store.set_state(&e.id, &open, state, Some(report))?;
+        if moved {
+            self.store.log(
+                if state == MergeState::SentBack {
+                    "merge_sent_back"
+                } else {
+                    "merge_cancelled"
+                },
+                &s,
+                json!({"report": s.report}),
+            );
+        }
+        Ok(())
+    }
+
+    /// Sends entry `e` back with `report`: its task back to its owner (`in_progress`), or to
+    /// the board (`pending`) if the owner has ended; a hand-queued entry's member is told.
+    fn send_back(&self, cfg: &TeamConfig, e: &MergeEntry, report: String) -> anyhow::Result<()> {
+        self.close(e, MergeState::SentBack, report.clone())?;
+        let key = format!("merge:sent_back:{}:{}", e.id, e.attempts);
+        let (Some(task), Some(completion)) = (&e.task, e.completion) else {
+            if cfg
+                .member(&e.member)
+                .is_some_and(|m| !m.status.is_terminal())
+            {
+                self.tell(&e.member, &key, format!("The merge queue sent back {}: {report}", e.branch));
+            }
+            return Ok(());
+        };
+        let ended = |name: &str| match Roster::new(&self.team).load_for(name) {
+            Ok(now) => now
+                .member(name)
+                .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown)),
+            Err(_) => false,
+        };
+        let settled = self
+            .tasks
+            .settle_completion(task, completion, false, ended, |next| {
+                if next.status != TaskStatus::InProgress {
+                    return;
+                }
+                if let Some(owner) = next.owner.as_deref() {
+                    self.tell(
+                        owner,
+                        &key,
+                        format!(
+                            "The merge queue sent task {} ({}) back to you: it is in_progress \
+                             and yours again. {report}",
+                            next.id, next.subject
+                        ),
+                    );
+                }
+            })?;
+        if let Some(t) = settled.filter(|s| s.status == TaskStatus::Pending) {
+            let mut note = Message::new(
+                MessageType::StatusUpdate,
+                &e.member,
+                LEAD,
+                format!(
+                    "The merge queue sent task {} ({}) back, but {} has ended: it is pending for \
+                     anyone, and its work so far is on {} (whoever claims it can merge that \
+                     branch first). {report}",
+                    t.id, t.subject, e.member, e.branch
+                ),
+            );
+            note.id = troupe::ids::derived(&format!("{key}:released")).to_string();
+            let _ = troupe::mail::send(&self.team, &note, Stopped::Accept, Durability::Sync);
+            troupe::tasks::wake_claimers(&self.team, None);
+        }
+        Ok(())
+    }
+
+    /// Runs the `merge_check` hooks in the integration tree, in order, until one fails;
+    /// `None` when stopped meanwhile.
+    fn check(&self, cfg: &TeamConfig, e: &MergeEntry, tree: &Integration) -> Option<Verdict> {
+        let hooks: Vec<_> = cfg
+            .hooks
+            .iter()
+            .filter(|h| h.event == HookEvent::MergeCheck)
+            .collect();
+        if hooks.is_empty() {
+            return Some(Verdict::Passed);
+        }
+        let target_dir = tree.check_target_dir();
+        let _ = std::fs::create_dir_all(&target_dir);
+        // The tree is the only place the checks may write (the kept target dir is inside it).
+        let mut settings = self.sandbox.clone();
+        settings.write.clear();
+        let sandbox = Sandbox::prepare_quietly(
+            &settings,
+            &tree.path,
+            self.team.root(),
+            "merge-check",
+            None,
+        );
+        let input = json!({"event": HookEvent::MergeCheck, "entry": e}).to_string();
+        let mut env = vec![
+            ("TROUPE_HOOK_EVENT".to_owned(), "merge_check".to_owned()),
+            ("TROUPE_MEMBER".to_owned(), e.member.clone()),
+            (
+                "CARGO_TARGET_DIR".to_owned(),
+                target_dir.display().to_string(),
+            ),
+        ];
+        if let Some(t) = &e.task {
+            env.push(("TROUPE_TASK_ID".to_owned(), t.clone()));
+        }
+        for hook in hooks {
+            let stopped = || self.stopped();
+            let r = troupe::tools::confined::run_confined(&troupe::tools::confined::Confined {
+                sandbox: &sandbox,
+                workdir: &tree.path,
+                command: &hook.command,
+                env: &env,
+                stdin: input.as_bytes(),
+                timeout: hook.timeout(),
+                stop: &stopped,
+            });
+            if r.stopped {
+                return None;
+            }
+            let stderr = tail(&String::from_utf8_lossy(&r.stderr));
+            troupe::events::log(
+                &self.team,
+                "hook_ran",
+                json!({
+                    "hook": HookEvent::MergeCheck, "command": hook.command, "member": e.member,
+                    "task": e.task, "code": r.code, "signal": r.signal,
+                    "timed_out": r.timed_out, "error": r.error, "stderr": stderr,
+                }),
+            );
+            if let Some(err) = r.error {
+                return Some(Verdict::NoVerdict(format!(
+                    "the merge_check {:?} could not run: {err}",
+                    hook.command
+                )));
+            }
+            if r.timed_out {
+                return Some(Verdict::NoVerdict(format!(
+                    "the merge_check {:?} timed out after {} s",
+                    hook.command,
+                    hook.timeout().as_secs()
+                )));
+            }
+            match r.code {
+                Some(0) => {}
+                Some(_) => return Some(Verdict::Failed(stderr)),
+                None => {
+                    return Some(Verdict::NoVerdict(format!(
+                        "the merge_check {:?} was killed by signal {}",
+                        hook.command,
+                        r.signal.unwrap_or(0)
+                    )));
+                }
+            }
+        }
+        Some(Verdict::Passed)
+    }
+
+    /// A message from the lead to `to`, with an id derived from `key`. Best effort.
+    fn tell(&self, to: &str, key: &str, text: String) {
+        let mut msg = Message::new(MessageType::Message, LEAD, to, text);
+        msg.id = troupe::ids::derived(key).to_string();
+        if let Err(e) = troupe::mail::send(&self.team, &msg, Stopped::Accept, Durability::Sync) {
+            tracing::warn!("merge queue: could not tell {to}: {e}");
+        }
+    }
+}
+
+/// The last [`REPORT_TAIL`] bytes of `text` (on a character boundary), trimmed.
+fn tail(text: &str) -> String {
+    let text = text.trim();
+    let mut start = text.len().saturating_sub(REPORT_TAIL);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_owned()
+}

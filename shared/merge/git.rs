@@ -1,0 +1,295 @@
+//! The git the merge queue runs: in the repository's main tree for refs, and in the
+//! integration tree that troupe keeps beside the members' worktrees
+//! (`<repo>.troupe/.integration`), always with that tree's admin dir and work tree named
+//! explicitly (never read from its `.git` file, which the checks can write) and with hooks and
+//! fsmonitor off (see [`crate::worktree`]).
+//!
+//! Integrating is a merge (`--no-ff`) of the member's commit onto the target's tip, not a
+//! rebase: the member's commits land as they are, so its branch stays an ancestor of the target
+//! and is fast-forwarded after the land, and a conflict is resolved once, on the member's branch,
+//! by merging the target into it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::error::{Error, Result};
+use crate::worktree::{SAFE, admin_of, git, git_ok};
+
+/// The name of the kept `CARGO_TARGET_DIR` inside the integration tree: left by `git clean`, so
+/// that checks do not build from nothing each time.
+pub const CHECK_TARGET_DIR: &str = ".troupe-check-target";
+
+/// The integration tree of the repository whose main tree is `repo`.
+pub fn integration_path(repo: &Path) -> PathBuf {
+    crate::worktree::path_for(repo, ".integration")
+}
+
+/// The commit `refs/heads/BRANCH` points at, if the branch exists.
+pub fn branch_tip(repo: &Path, branch: &str) -> Result<Option<String>> {
+    let o = git(
+        repo,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{branch}^{{commit}}"),
+        ],
+    )?;
+    Ok(o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_owned()))
+}
+
+/// Whether commit `a` is an ancestor of (or is) commit `b`.
+pub fn is_ancestor(repo: &Path, a: &str, b: &str) -> Result<bool> {
+    let o = git(repo, &["merge-base", "--is-ancestor", a, b])?;
+    match o.status.code() {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        _ => Err(Error::Git {
+            op: format!("git merge-base --is-ancestor {a} {b}"),
+            dir: repo.to_path_buf(),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+        }),
+    }
+}
+
+/// Makes `refs/heads/TARGET` at the main tree's `HEAD` unless it exists; its tip.
+pub fn ensure_target(repo: &Path, target: &str) -> Result<String> {
+    if let Some(tip) = branch_tip(repo, target)? {
+        return Ok(tip);
+    }
+    let head = git_ok(repo, &["rev-parse", "--verify", "HEAD^{commit}"])?;
+    // Created only if still absent (the zero old value): a racing creation is kept.
+    let _ = git(
+        repo,
+        &[
+            "update-ref",
+            "-m",
+            "troupe: the merge queue's target",
+            &format!("refs/heads/{target}"),
+            &head,
+            "0000000000000000000000000000000000000000",
+        ],
+    )?;
+    branch_tip(repo, target)?.ok_or_else(|| Error::Git {
+        op: format!("create branch {target}"),
+        dir: repo.to_path_buf(),
+        stderr: "it is still missing".to_owned(),
+    })
+}
+
+/// The tree checked out on `refs/heads/BRANCH`, if any (the main tree or a linked worktree).
+pub fn checked_out_at(repo: &Path, branch: &str) -> Result<Option<PathBuf>> {
+    let list = git_ok(repo, &["worktree", "list", "--porcelain"])?;
+    let want = format!("branch refs/heads/{branch}");
+    let mut path = None;
+    for line in list.lines() {
+        if let Some(p) = line.strip_prefix("worktree ") {
+            path = Some(PathBuf::from(p));
+        } else if line == want {
+            return Ok(path);
+        }
+    }
+    Ok(None)
+}
+
+/// Whether the tree at `dir` has changes of its own (`git status --porcelain` says anything;
+/// untracked files count).
+pub fn tree_is_dirty(dir: &Path) -> Result<bool> {
+    let out = git_ok(dir, &["--no-optional-locks", "status", "--porcelain"])?;
+    Ok(!out.trim().is_empty())
+}
+
+/// Moves the branch checked out at `dir` (and the tree with it) to `commit` if that is a
+/// fast-forward (`git merge --ff-only`): whether it moved.
+pub fn fast_forward_tree(dir: &Path, commit: &str) -> Result<bool> {
+    Ok(git(dir, &["merge", "--ff-only", "--quiet", commit])?
+        .status
+        .success())
+}
+
+/// Moves `refs/heads/BRANCH` from `old` to `new` only if it still points at `old` (what
+/// `git update-ref` checks under the ref's lock): whether it moved.
+pub fn compare_and_swap(repo: &Path, branch: &str, new: &str, old: &str) -> Result<bool> {
+    Ok(git(
+        repo,
+        &[
+            "update-ref",
+            "-m",
+            "troupe: merge queue land",
+            &format!("refs/heads/{branch}"),
+            new,
+            old,
+        ],
+    )?
+    .status
+    .success())
+}
+
+/// The integration tree of one repository.
+pub struct Integration {
+    pub repo: PathBuf,
+    pub path: PathBuf,
+    admin: PathBuf,
+}
+
+/// What merging a commit onto the target came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Merged {
+    /// The merge commit that would land.
+    Clean(String),
+    /// The files that conflict.
+    Conflict(Vec<String>),
+}
+
+impl Integration {
+    /// The integration tree of `repo`, added (detached at `at`) if it is not there.
+    pub fn ensure(repo: &Path, at: &str) -> Result<Integration> {
+        let path = integration_path(repo);
+        let mut admin = admin_of(repo, &path).filter(|_| path.is_dir());
+        if admin.is_none() {
+            if path.exists() {
+                std::fs::remove_dir_all(&path).map_err(Error::io("remove", &path))?;
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+            }
+            git_ok(repo, &["worktree", "prune"])?;
+            let p = path.to_string_lossy();
+            git_ok(repo, &["worktree", "add", "--quiet", "--detach", &p, at])?;
+            admin = admin_of(repo, &path);
+        }
+        let admin = admin.ok_or_else(|| Error::Git {
+            op: "find the integration tree's admin dir".to_owned(),
+            dir: path.clone(),
+            stderr: "git made the worktree but no admin dir names it".to_owned(),
+        })?;
+        Ok(Integration {
+            repo: repo.to_path_buf(),
+            path,
+            admin,
+        })
+    }
+
+    /// The kept `CARGO_TARGET_DIR` of the checks.
+    pub fn check_target_dir(&self) -> PathBuf {
+        self.path.join(CHECK_TARGET_DIR)
+    }
+
+    /// `git ARGS` in the integration tree, with its git dir and work tree named.
+    fn git(&self, args: &[&str]) -> Result<Output> {
+        let mut cmd = Command::new("git");
+        cmd.arg("--git-dir")
+            .arg(&self.admin)
+            .arg("--work-tree")
+            .arg(&self.path)
+            .args(SAFE)
+            .args(args)
+            .current_dir(&self.repo)
+            .env("GIT_COMMON_DIR", self.repo.join(".git"))
+            .env_remove("GIT_WORK_TREE")
+            .env_remove("GIT_INDEX_FILE")
+            .env_remove("GIT_DIR")
+            .stdin(std::process::Stdio::null());
+        // Who made the merge commit, when the repository and the user name nobody.
+        if git(&self.repo, &["config", "user.email"]).is_ok_and(|o| !o.status.success()) {
+            for who in ["AUTHOR", "COMMITTER"] {
+                cmd.env(format!("GIT_{who}_NAME"), "troupe merge queue");
+                cmd.env(format!("GIT_{who}_EMAIL"), "merge-queue@troupe.invalid");
+            }
+        }
+        cmd.output().map_err(|source| Error::Io {
+            op: "run git in",
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    fn git_ok(&self, args: &[&str]) -> Result<String> {
+        let o = self.git(args)?;
+        if !o.status.success() {
+            return Err(Error::Git {
+                op: format!("git {}", args.join(" ")),
+                dir: self.path.clone(),
+                stderr: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
+    }
+
+    /// Puts the tree at `tip`, as git has it: tracked files reset, everything else removed but
+    /// the kept target dir, and its `.git` file written again (a check may have changed it).
+    pub fn reset(&self, tip: &str) -> Result<()> {
+        let dot_git = self.path.join(".git");
+        if std::fs::symlink_metadata(&dot_git).is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&dot_git).map_err(Error::io("remove", &dot_git))?;
+        }
+        crate::fsutil::atomic_write(
+            &dot_git,
+            format!("gitdir: {}\n", self.admin.display()).as_bytes(),
+        )?;
+        // A merge left half done by a crash.
+        let _ = self.git(&["merge", "--abort"]);
+        self.git_ok(&["reset", "--quiet", "--hard", tip])?;
+        let keep = format!("/{CHECK_TARGET_DIR}/");
+        self.git_ok(&["clean", "--quiet", "-ffdx", "-e", &keep])?;
+        Ok(())
+    }
+
+    /// Merges `commit` onto the tree's `HEAD` (`--no-ff`, message `message`).
+    pub fn merge(&self, commit: &str, message: &str) -> Result<Merged> {
+        let o = self.git(&["merge", "--quiet", "--no-ff", "--no-edit", "-m", message, commit])?;
+        if o.status.success() {
+            return Ok(Merged::Clean(self.git_ok(&["rev-parse", "HEAD"])?));
+        }
+        let conflicted = self.git_ok(&["diff", "--name-only", "--diff-filter=U"])?;
+        let files: Vec<String> = conflicted.lines().map(str::to_owned).collect();
+        let _ = self.git(&["merge", "--abort"]);
+        if files.is_empty() {
+            return Err(Error::Git {
+                op: format!("git merge {commit}"),
+                dir: self.path.clone(),
+                stderr: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+            });
+        }
+        Ok(Merged::Conflict(files))
+    }
+}
+
+/// Fast-forwards a member's worktree (`wt`) to `commit` when its branch is behind it and the
+/// tree is clean: whether it moved. git runs with the admin dir troupe recorded.
+pub fn fast_forward_member(wt: &crate::worktree::Worktree, commit: &str) -> Result<bool> {
+    let Some(admin) = wt.admin.as_ref() else {
+        return Ok(false);
+    };
+    if crate::worktree::is_dirty(wt) != Some(false) {
+        return Ok(false);
+    }
+    let Some(tip) = branch_tip(&wt.repo, &wt.branch)? else {
+        return Ok(false);
+    };
+    if tip == commit || !is_ancestor(&wt.repo, &tip, commit)? {
+        return Ok(false);
+    }
+    let o = Command::new("git")
+        .arg("--git-dir")
+        .arg(admin)
+        .arg("--work-tree")
+        .arg(&wt.path)
+        .args(SAFE)
+        .args(["merge", "--ff-only", "--quiet", commit])
+        .current_dir(&wt.repo)
+        .env("GIT_COMMON_DIR", wt.repo.join(".git"))
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_DIR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|source| Error::Io {
+            op: "run git in",
+            path: wt.path.clone(),
+            source,
+        })?;
+    Ok(o.status.success())
+}
