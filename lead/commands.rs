@@ -241,6 +241,20 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
     };
     // On a bus, the host this command runs on (pids are this machine's only).
     let here = team.store().this_host();
+    // Each worktree member's place in the merge queue (its latest entry).
+    let merges = troupe::merge::latest_by_member(
+        &troupe::merge::MergeStore::new(team)
+            .list()
+            .unwrap_or_default(),
+    );
+    let merge_of = |name: &str| {
+        merges.get(name).map(|e| {
+            json!({
+                "id": e.id, "state": e.state, "describe": troupe::merge::describe(e),
+                "commit": e.commit, "task": e.task, "landed": e.landed, "report": e.report,
+            })
+        })
+    };
     let doings: Vec<liveness::Doing> = cfg
         .members
         .iter()
@@ -265,6 +279,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                         "path": w.path, "branch": w.branch,
                         "dirty": troupe::worktree::is_dirty(w),
                     })),
+                    "merge": merge_of(&m.name),
                 })
             })
             .collect();
@@ -374,8 +389,12 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             Some(false) => "clean",
             None => "missing (re-added at its next start)",
         };
+        let queue = merges
+            .get(&m.name)
+            .map(|e| format!("; merge queue: {}", troupe::merge::describe(e)))
+            .unwrap_or_default();
         println!(
-            "worktree of {}: {} on {}, {state}",
+            "worktree of {}: {} on {}, {state}{queue}",
             m.name,
             w.path.display(),
             w.branch

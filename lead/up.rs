@@ -226,7 +226,8 @@ pub fn validate(
 ) -> Result<Plan, Invalid> {
     check_usd("team_budget_usd", file.team_budget_usd)?;
     if let Some(b) = &file.target_branch {
-        troupe::merge::check_branch_name(b).map_err(|why| invalid(format!("target_branch: {why}")))?;
+        troupe::merge::check_branch_name(b)
+            .map_err(|why| invalid(format!("target_branch: {why}")))?;
     }
     for (what, n) in [
         ("max_members", file.max_members),

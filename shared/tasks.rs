@@ -742,7 +742,9 @@ fn hooked(team: &TeamDir, event: HookEvent) -> bool {
 fn integrates(team: &TeamDir, who: &str) -> bool {
     crate::config::Roster::new(team)
         .load_for(who)
-        .map_or(true, |c| c.member(who).is_some_and(|m| m.worktree.is_some()))
+        .map_or(true, |c| {
+            c.member(who).is_some_and(|m| m.worktree.is_some())
+        })
 }
 
 /// A cycle reachable from a new task `id` blocked by `blockers`, over the `blocked_by` links of

@@ -59,6 +59,7 @@ impl MergeQueue {
         let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
         wake_r.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
+        ensure_targets(&team, host.as_deref(), target.as_deref());
         let q = Queue {
             store: MergeStore::new(&team),
             tasks: TaskStore::new(&team),
@@ -110,7 +111,7 @@ enum After {
 enum Verdict {
     Passed,
     Failed(String),
-    NoVerdict(String),
+    Undecided(String),
 }
 
 impl Queue {
@@ -223,8 +224,8 @@ impl Queue {
             )?;
             return Ok(After::Next);
         }
-        let commit_known = !e.commit.is_empty()
-            && mgit::is_ancestor(&repo, &e.commit, &e.commit).unwrap_or(false);
+        let commit_known =
+            !e.commit.is_empty() && mgit::is_ancestor(&repo, &e.commit, &e.commit).unwrap_or(false);
         if !commit_known || mgit::is_ancestor(&repo, &e.commit, &tip)? {
             self.send_back(
                 cfg,
@@ -261,7 +262,9 @@ impl Queue {
                 return Ok(After::Next);
             }
         };
-        let (now, moved) = self.store.update_checking(&e.id, &target, &tip, &candidate)?;
+        let (now, moved) = self
+            .store
+            .update_checking(&e.id, &target, &tip, &candidate)?;
         if !moved {
             // Cancelled meanwhile.
             return Ok(if now.state.is_open() {
@@ -278,7 +281,7 @@ impl Queue {
         let (passed, tail) = match &verdict {
             Verdict::Passed => (Some(true), None),
             Verdict::Failed(t) => (Some(false), Some(t.clone())),
-            Verdict::NoVerdict(t) => (None, Some(t.clone())),
+            Verdict::Undecided(t) => (None, Some(t.clone())),
         };
         self.store.log(
             "merge_checked",
@@ -306,7 +309,7 @@ impl Queue {
                 )?;
                 Ok(After::Next)
             }
-            Verdict::NoVerdict(why) => {
+            Verdict::Undecided(why) => {
                 let (s, moved) = self.store.set_state(
                     &e.id,
                     &[MergeState::Checking],
@@ -350,10 +353,23 @@ impl Queue {
                 }
                 return Ok(After::Hold);
             }
-            if !mgit::fast_forward_tree(&tree, candidate)? {
-                // The tree's branch moved meanwhile (a person's commit): merge again.
-                self.requeue(e)?;
-                return Ok(After::Next);
+            if let Err(why) = mgit::fast_forward_tree(&tree, candidate)? {
+                if mgit::branch_tip(repo, target)?.as_deref() != Some(base) {
+                    // The tree's branch moved meanwhile (a person's commit): merge again.
+                    self.requeue(e)?;
+                    return Ok(After::Next);
+                }
+                // Untracked files the merge would overwrite, say: it waits for the person.
+                self.store.set_state(
+                    &e.id,
+                    &[MergeState::Checking, MergeState::Waiting],
+                    MergeState::Waiting,
+                    Some(format!(
+                        "{target} is checked out in {}, and moving it there failed: {why}",
+                        tree.display()
+                    )),
+                )?;
+                return Ok(After::Hold);
             }
         } else if !mgit::compare_and_swap(repo, target, candidate, base)? {
             self.requeue(e)?;
@@ -462,7 +478,11 @@ impl Queue {
                 .member(&e.member)
                 .is_some_and(|m| !m.status.is_terminal())
             {
-                self.tell(&e.member, &key, format!("The merge queue sent back {}: {report}", e.branch));
+                self.tell(
+                    &e.member,
+                    &key,
+                    format!("The merge queue sent back {}: {report}", e.branch),
+                );
             }
             return Ok(());
         };
@@ -525,13 +545,8 @@ impl Queue {
         // The tree is the only place the checks may write (the kept target dir is inside it).
         let mut settings = self.sandbox.clone();
         settings.write.clear();
-        let sandbox = Sandbox::prepare_quietly(
-            &settings,
-            &tree.path,
-            self.team.root(),
-            "merge-check",
-            None,
-        );
+        let sandbox =
+            Sandbox::prepare_quietly(&settings, &tree.path, self.team.root(), "merge-check", None);
         let input = json!({"event": HookEvent::MergeCheck, "entry": e}).to_string();
         let mut env = vec![
             ("TROUPE_HOOK_EVENT".to_owned(), "merge_check".to_owned()),
@@ -569,13 +584,13 @@ impl Queue {
                 }),
             );
             if let Some(err) = r.error {
-                return Some(Verdict::NoVerdict(format!(
+                return Some(Verdict::Undecided(format!(
                     "the merge_check {:?} could not run: {err}",
                     hook.command
                 )));
             }
             if r.timed_out {
-                return Some(Verdict::NoVerdict(format!(
+                return Some(Verdict::Undecided(format!(
                     "the merge_check {:?} timed out after {} s",
                     hook.command,
                     hook.timeout().as_secs()
@@ -585,7 +600,7 @@ impl Queue {
                 Some(0) => {}
                 Some(_) => return Some(Verdict::Failed(stderr)),
                 None => {
-                    return Some(Verdict::NoVerdict(format!(
+                    return Some(Verdict::Undecided(format!(
                         "the merge_check {:?} was killed by signal {}",
                         hook.command,
                         r.signal.unwrap_or(0)
@@ -602,6 +617,31 @@ impl Queue {
         msg.id = troupe::ids::derived(key).to_string();
         if let Err(e) = troupe::mail::send(&self.team, &msg, Stopped::Accept, Durability::Sync) {
             tracing::warn!("merge queue: could not tell {to}: {e}");
+        }
+    }
+}
+
+/// Makes the target branch in each repository this host's worktree members work in, before
+/// their workers start: a member's sandbox lets it write its own branch's directory
+/// (`refs/heads/troupe/`) but for the entries there when it starts, and the default target
+/// lives there too.
+pub fn ensure_targets(team: &TeamDir, host: Option<&str>, target: Option<&str>) {
+    let Ok(cfg) = Roster::new(team).load() else {
+        return;
+    };
+    let target = target
+        .map(str::to_owned)
+        .or_else(|| cfg.target_branch.clone())
+        .unwrap_or_else(|| troupe::merge::DEFAULT_TARGET.to_owned());
+    let mut done: Vec<&Path> = Vec::new();
+    for m in &cfg.members {
+        let Some(wt) = &m.worktree else { continue };
+        if (host.is_some() && m.host.as_deref() != host) || done.contains(&wt.repo.as_path()) {
+            continue;
+        }
+        done.push(&wt.repo);
+        if let Err(e) = mgit::ensure_target(&wt.repo, &target) {
+            tracing::warn!("merge queue: target {target} in {}: {e}", wt.repo.display());
         }
     }
 }

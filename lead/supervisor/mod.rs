@@ -44,9 +44,9 @@ mod background;
 mod escalate;
 mod exit;
 mod hooks;
-mod merge;
 mod hung;
 mod lease;
+mod merge;
 mod policy;
 mod spawn;
 mod team_stop;
@@ -428,6 +428,14 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
     }
     sup.watch = watch;
     let mut notifier = crate::notify::Notifier::from_env();
+    // Before the first tick starts the workers: it makes the target branches (see
+    // `merge::ensure_targets`).
+    let merges = merge::MergeQueue::start(
+        sup.team.clone(),
+        sup.host().map(str::to_owned),
+        sup.args.sandbox.clone(),
+        sup.args.target.clone(),
+    )?;
     sup.tick()?;
     let hooks = hooks::Hooks::start(
         sup.team.clone(),
@@ -437,12 +445,6 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         sup.args
             .escalate_after
             .map(std::time::Duration::from_secs_f64),
-    )?;
-    let merges = merge::MergeQueue::start(
-        sup.team.clone(),
-        sup.host().map(str::to_owned),
-        sup.args.sandbox.clone(),
-        sup.args.target.clone(),
     )?;
     // Ready: the lock is held and every member that should run has been started.
     std::fs::write(

@@ -240,6 +240,17 @@ impl Supervisor {
                 m.worktree = Some(found.clone());
             });
         }
+        // The merge queue's target exists before a member's sandbox is drawn (see
+        // `merge::ensure_targets`).
+        let target = self
+            .args
+            .target
+            .clone()
+            .or_else(|| self.view.target_branch.clone())
+            .unwrap_or_else(|| troupe::merge::DEFAULT_TARGET.to_owned());
+        if let Err(e) = troupe::merge::git::ensure_target(&w.repo, &target) {
+            tracing::warn!("merge queue: target {target} in {}: {e}", w.repo.display());
+        }
         let env = troupe::worktree::git_env(&w, name);
         Ok((w.path, env))
     }

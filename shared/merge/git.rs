@@ -94,19 +94,31 @@ pub fn checked_out_at(repo: &Path, branch: &str) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// Whether the tree at `dir` has changes of its own (`git status --porcelain` says anything;
-/// untracked files count).
+/// Whether the tree at `dir` has changes of its own to tracked files, staged or not (untracked
+/// files, such as the team dir, do not count: a fast-forward that would overwrite one fails
+/// and the entry waits).
 pub fn tree_is_dirty(dir: &Path) -> Result<bool> {
-    let out = git_ok(dir, &["--no-optional-locks", "status", "--porcelain"])?;
+    let out = git_ok(
+        dir,
+        &[
+            "--no-optional-locks",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+        ],
+    )?;
     Ok(!out.trim().is_empty())
 }
 
 /// Moves the branch checked out at `dir` (and the tree with it) to `commit` if that is a
-/// fast-forward (`git merge --ff-only`): whether it moved.
-pub fn fast_forward_tree(dir: &Path, commit: &str) -> Result<bool> {
-    Ok(git(dir, &["merge", "--ff-only", "--quiet", commit])?
-        .status
-        .success())
+/// fast-forward (`git merge --ff-only`): `Err` with git's stderr when it did not.
+pub fn fast_forward_tree(dir: &Path, commit: &str) -> Result<std::result::Result<(), String>> {
+    let o = git(dir, &["merge", "--ff-only", "--quiet", commit])?;
+    Ok(if o.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&o.stderr).trim().to_owned())
+    })
 }
 
 /// Moves `refs/heads/BRANCH` from `old` to `new` only if it still points at `old` (what
@@ -239,7 +251,15 @@ impl Integration {
 
     /// Merges `commit` onto the tree's `HEAD` (`--no-ff`, message `message`).
     pub fn merge(&self, commit: &str, message: &str) -> Result<Merged> {
-        let o = self.git(&["merge", "--quiet", "--no-ff", "--no-edit", "-m", message, commit])?;
+        let o = self.git(&[
+            "merge",
+            "--quiet",
+            "--no-ff",
+            "--no-edit",
+            "-m",
+            message,
+            commit,
+        ])?;
         if o.status.success() {
             return Ok(Merged::Clean(self.git_ok(&["rev-parse", "HEAD"])?));
         }

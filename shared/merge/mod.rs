@@ -190,9 +190,7 @@ pub fn latest_by_member(all: &[MergeEntry]) -> std::collections::BTreeMap<String
     for e in all {
         let better = match out.get(&e.member) {
             None => true,
-            Some(cur) => {
-                (e.state.is_open(), e.updated_at) > (cur.state.is_open(), cur.updated_at)
-            }
+            Some(cur) => (e.state.is_open(), e.updated_at) > (cur.state.is_open(), cur.updated_at),
         };
         if better {
             out.insert(e.member.clone(), e.clone());
@@ -457,7 +455,10 @@ mod tests {
     fn a_member_shows_its_open_entry_before_a_newer_closed_one() {
         let mut landed = entry("00000002", "a", MergeState::Landed, 5.0);
         landed.landed = Some("1234567890".to_owned());
-        let all = vec![entry("00000001", "a", MergeState::Queued, 1.0), landed.clone()];
+        let all = vec![
+            entry("00000001", "a", MergeState::Queued, 1.0),
+            landed.clone(),
+        ];
         assert_eq!(latest_by_member(&all)["a"].id, "00000001");
         assert_eq!(describe(&landed), "landed at 1234567");
         let all = vec![entry("00000003", "a", MergeState::SentBack, 1.0), landed];
@@ -469,7 +470,9 @@ mod tests {
         for ok in ["main", "troupe/integration", "release-1.2"] {
             assert!(check_branch_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "-x", "a..b", "a b", "a/", ".a", "a.lock", "a~1", "a:b", "a@{1}"] {
+        for bad in [
+            "", "-x", "a..b", "a b", "a/", ".a", "a.lock", "a~1", "a:b", "a@{1}",
+        ] {
             assert!(check_branch_name(bad).is_err(), "{bad}");
         }
     }

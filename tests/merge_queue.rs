@@ -1,0 +1,435 @@
+//! Issue 27, the merge queue: worktree members complete tasks under the real `lead run` and
+//! workers (the model faked), and their commits land on the team's target branch one at a
+//! time, each after the `merge_check` hooks passed in the integration tree. Every command runs
+//! as a user runs it: in the repository, with `.team` at its top found by itself (no
+//! `--team-dir`, no `TROUPE_TEAM_DIR`).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::fake_llm::{
+    FakeLlm, Reply, anthropic_message, anthropic_text, anthropic_tool_use_block,
+};
+use support::git::{commit, git, git_ok, init_with};
+use support::team::{Bg, Team, wait_until};
+use troupe::TeamDir;
+use troupe::config::Roster;
+use troupe::hooks::{Hook, HookEvent};
+use troupe::merge::{MergeEntry, MergeState, MergeStore};
+use troupe::tasks::{NewTask, TaskStatus, TaskStore};
+
+const T: Duration = Duration::from_secs(60);
+const USAGE: &str = r#"{"input_tokens":10,"output_tokens":5}"#;
+const TARGET: &str = "troupe/integration";
+
+/// A fresh repository (one commit adding `README`) with the team dir `.team` at its top.
+fn repo_team() -> (Team, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    init_with(&repo, "README");
+    let dir = TeamDir::create(repo.join(".team")).unwrap();
+    let team = Team {
+        tmp,
+        dir,
+        workdir: repo.clone(),
+    };
+    (team, repo)
+}
+
+/// `lead ARGS` run in the repository, finding `.team` itself.
+fn lead(repo: &Path, url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lead"));
+    c.args(args)
+        .current_dir(repo)
+        .env("TROUPE_PROVIDER", "anthropic")
+        .env("ANTHROPIC_API_KEY", "sk-test")
+        .env("ANTHROPIC_BASE_URL", url)
+        .env_remove("TROUPE_TEAM_DIR")
+        .env_remove(troupe::store::redis::BUS_ENV)
+        .stdin(Stdio::null());
+    c
+}
+
+fn lead_ok(repo: &Path, url: &str, args: &[&str]) -> String {
+    let o = lead(repo, url, args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "lead {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `lead run` in the repository, its stderr kept in the temp dir.
+fn run(team: &Team, repo: &Path, url: &str, extra: &[&str]) -> Bg {
+    let mut args = vec!["run", "--stop-timeout", "1", "--kill-grace", "1"];
+    args.extend_from_slice(extra);
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(team.tmp.path().join("lead.stderr"))
+        .unwrap();
+    let bg = Bg(lead(repo, url, &args)
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .unwrap());
+    wait_until(T, "the supervisor to hold lead.lock", || {
+        troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
+            .unwrap()
+            .then_some(())
+    });
+    bg
+}
+
+fn tool(id: &str, name: &str, input: Value) -> Reply {
+    let block = anthropic_tool_use_block(id, name, &input.to_string());
+    Reply::ok(anthropic_message(&block, "tool_use", USAGE))
+}
+
+fn bash(id: &str, command: &str) -> Reply {
+    tool(id, "bash", json!({ "command": command }))
+}
+
+/// The model of member `name` claims `task`, runs `work` (bash), and completes the task.
+fn script_task(fake: &FakeLlm, model: &str, task: &str, work: &str) {
+    fake.push_for(
+        model,
+        tool("tu_claim", "task_claim", json!({"task_id": task})),
+    );
+    fake.push_for(model, bash("tu_work", work));
+    fake.push_for(
+        model,
+        tool(
+            "tu_done",
+            "task_update",
+            json!({"task_id": task, "status": "completed", "result": "done"}),
+        ),
+    );
+    fake.push_for(model, Reply::ok(anthropic_text("done")));
+}
+
+/// A shell command that writes `text` to `file` and commits it.
+fn commit_cmd(file: &str, text: &str) -> String {
+    format!(
+        "printf '{text}\\n' > {file} && git add {file} && git commit -q -m 'change {file}' && echo COMMITTED"
+    )
+}
+
+fn new_task(team: &Team, subject: &str, owner: &str, blocked_by: &[&str]) -> String {
+    TaskStore::new(&team.dir)
+        .create(NewTask {
+            subject: subject.into(),
+            description: String::new(),
+            blocked_by: blocked_by.iter().map(|s| (*s).to_owned()).collect(),
+            owner: Some(owner.into()),
+            created_by: "lead".into(),
+        })
+        .unwrap()
+        .id
+}
+
+fn set_checks(team: &Team, commands: &[&str]) {
+    Roster::new(&team.dir)
+        .update(|cfg| {
+            cfg.hooks = commands
+                .iter()
+                .map(|c| Hook {
+                    event: HookEvent::MergeCheck,
+                    command: (*c).to_owned(),
+                    timeout_secs: Some(30),
+                    sandbox: true,
+                })
+                .collect();
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn spawn(repo: &Path, url: &str, name: &str) {
+    let model = format!("m-{name}");
+    lead_ok(
+        repo,
+        url,
+        &[
+            "spawn",
+            name,
+            "--role",
+            "coder",
+            "--prompt",
+            "do your task",
+            "--model",
+            &model,
+            "--worktree",
+        ],
+    );
+}
+
+fn events(team: &Team) -> Vec<Value> {
+    std::fs::read_to_string(team.dir.root().join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn named(team: &Team, event: &str) -> Vec<Value> {
+    events(team)
+        .into_iter()
+        .filter(|e| e["event"] == event)
+        .collect()
+}
+
+fn entries(team: &Team) -> Vec<MergeEntry> {
+    MergeStore::new(&team.dir).list().unwrap()
+}
+
+fn task_status(team: &Team, id: &str) -> TaskStatus {
+    TaskStore::new(&team.dir).get(id).unwrap().status
+}
+
+/// The files of `rev`'s tree.
+fn files_at(repo: &Path, rev: &str) -> Vec<String> {
+    git_ok(repo, &["ls-tree", "--name-only", rev])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn show(repo: &Path, rev_path: &str) -> String {
+    git_ok(repo, &["show", rev_path])
+}
+
+fn tip(repo: &Path, branch: &str) -> String {
+    git_ok(repo, &["rev-parse", &format!("refs/heads/{branch}")])
+        .trim()
+        .to_owned()
+}
+
+/// Acceptance 1: three members change different files; all three land, in queue order, each
+/// checked in a tree that holds the ones before it. A task blocked by one of them is released
+/// only once that one has landed.
+#[test]
+fn three_members_land_in_queue_order_each_checked_on_the_ones_before() {
+    let (team, repo) = repo_team();
+    let main_head = tip(&repo, "main");
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    // The check lists the tree it runs in (its stderr is in the hook_ran event).
+    set_checks(&team, &["ls >&2"]);
+    let mut tasks = Vec::new();
+    for name in ["ann", "bob", "cat"] {
+        let id = new_task(&team, &format!("write {name}.txt"), name, &[]);
+        script_task(
+            &fake,
+            &format!("m-{name}"),
+            &id,
+            &commit_cmd(&format!("{name}.txt"), name),
+        );
+        tasks.push((name, id));
+    }
+    let after = new_task(&team, "after ann", "ann", &[&tasks[0].1]);
+    for (name, _) in &tasks {
+        spawn(&repo, &url, name);
+    }
+    let _sup = run(&team, &repo, &url, &[]);
+
+    let landed = wait_until(T, "three landed", || {
+        let l = named(&team, "merge_landed");
+        (l.len() == 3).then_some(l)
+    });
+    let queued: Vec<String> = named(&team, "merge_queued")
+        .iter()
+        .map(|e| e["member"].as_str().unwrap().to_owned())
+        .collect();
+    let order: Vec<String> = landed
+        .iter()
+        .map(|e| e["member"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(order, queued, "landed in queue order");
+    // Each check ran on a tree holding the files of the ones landed before it.
+    let checks: Vec<Value> = named(&team, "hook_ran")
+        .into_iter()
+        .filter(|e| e["hook"] == "merge_check")
+        .collect();
+    assert_eq!(checks.len(), 3, "{checks:?}");
+    for (i, c) in checks.iter().enumerate() {
+        let listed = c["stderr"].as_str().unwrap();
+        assert_eq!(c["member"], order[i].as_str(), "{checks:?}");
+        for before in &order[..=i] {
+            assert!(
+                listed.contains(&format!("{before}.txt")),
+                "check {i}: {listed}"
+            );
+        }
+        for later in &order[i + 1..] {
+            assert!(
+                !listed.contains(&format!("{later}.txt")),
+                "check {i}: {listed}"
+            );
+        }
+    }
+    // The target holds all three, each file as its member wrote it; main did not move.
+    let target = tip(&repo, TARGET);
+    for (name, id) in &tasks {
+        assert!(files_at(&repo, &target).contains(&format!("{name}.txt")));
+        assert_eq!(
+            show(&repo, &format!("{target}:{name}.txt")),
+            format!("{name}\n")
+        );
+        assert_eq!(task_status(&team, id), TaskStatus::Completed);
+    }
+    assert_eq!(tip(&repo, "main"), main_head);
+    assert!(
+        entries(&team)
+            .iter()
+            .all(|e| e.state == MergeState::Landed && e.landed.is_some()),
+        "{:?}",
+        entries(&team)
+    );
+    // The blocked task was claimable once ann's work landed.
+    assert_eq!(task_status(&team, &after), TaskStatus::Pending);
+    let st: Value = serde_json::from_str(&lead_ok(&repo, &url, &["status", "--json"])).unwrap();
+    let ann = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "ann")
+        .unwrap()
+        .clone();
+    assert_eq!(ann["merge"]["state"], "landed", "{ann}");
+}
+
+/// Acceptance 2: two members change the same line. The first lands; the second is sent back
+/// naming the file, merges the target, resolves, completes again and lands.
+#[test]
+fn a_conflict_is_sent_back_resolved_by_its_owner_and_lands() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    let mut tasks = Vec::new();
+    for name in ["ann", "bob"] {
+        let id = new_task(&team, &format!("{name} rewrites README"), name, &[]);
+        let model = format!("m-{name}");
+        script_task(&fake, &model, &id, &commit_cmd("README", name));
+        // What the one sent back does then: merge the target, keep both lines, commit, and
+        // complete again.
+        fake.push_for(
+            &model,
+            bash(
+                "tu_resolve",
+                &format!(
+                    "git merge -q {TARGET} >/dev/null 2>&1; printf 'ann\\nbob\\n' > README && \
+                     git add README && git commit -q --no-edit && echo RESOLVED"
+                ),
+            ),
+        );
+        fake.push_for(
+            &model,
+            tool(
+                "tu_done2",
+                "task_update",
+                json!({"task_id": id, "status": "completed", "result": "resolved"}),
+            ),
+        );
+        fake.push_for(&model, Reply::ok(anthropic_text("resolved")));
+        tasks.push((name, id));
+    }
+    for (name, _) in &tasks {
+        spawn(&repo, &url, name);
+    }
+    let _sup = run(&team, &repo, &url, &[]);
+
+    let sent = wait_until(T, "one sent back", || {
+        named(&team, "merge_sent_back").into_iter().next()
+    });
+    let report = sent["report"].as_str().unwrap();
+    assert!(report.contains("conflicts in README"), "{report}");
+    let second = sent["member"].as_str().unwrap().to_owned();
+    let first = if second == "ann" { "bob" } else { "ann" };
+    wait_until(T, "both landed", || {
+        (named(&team, "merge_landed").len() == 2).then_some(())
+    });
+    let landed: Vec<String> = named(&team, "merge_landed")
+        .iter()
+        .map(|e| e["member"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(landed, [first.to_owned(), second.clone()]);
+    let target = tip(&repo, TARGET);
+    assert_eq!(show(&repo, &format!("{target}:README")), "ann\nbob\n");
+    for (_, id) in &tasks {
+        assert_eq!(task_status(&team, id), TaskStatus::Completed);
+    }
+    // The one sent back heard why, naming the file.
+    let heard = team.transcript(&second).iter().any(|e| {
+        matches!(e, troupe::transcript::Entry::Inbox { message, .. }
+            if message.content.contains("conflicts in README"))
+    });
+    assert!(heard, "{second} was told about the conflict");
+}
+
+/// Acceptance 3: a failing check sends the task back with its stderr and the target does not
+/// move; a check that rewrites the tree's files or its `.git` file changes nothing that lands.
+#[test]
+fn a_failing_check_sends_back_and_what_checks_write_never_lands() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    // ann's work fails the check; bob's passes it after the check scribbles over the tree.
+    set_checks(
+        &team,
+        &[
+            "if [ -f ann.txt ]; then echo 'ann.txt is not allowed here' >&2; exit 1; fi; \
+             echo evil > bob.txt; echo evil > planted.txt; git add -A 2>/dev/null; \
+             echo 'gitdir: /nowhere' > .git 2>/dev/null; exit 0",
+        ],
+    );
+    let ann_task = new_task(&team, "ann's file", "ann", &[]);
+    script_task(&fake, "m-ann", &ann_task, &commit_cmd("ann.txt", "ann"));
+    fake.push_for("m-ann", Reply::ok(anthropic_text("noted")));
+    spawn(&repo, &url, "ann");
+    let mut sup = run(&team, &repo, &url, &[]);
+    let before = wait_until(T, "ann sent back", || {
+        named(&team, "merge_sent_back").into_iter().next()
+    });
+    assert!(
+        before["report"]
+            .as_str()
+            .unwrap()
+            .contains("ann.txt is not allowed here"),
+        "{before}"
+    );
+    let target_before = tip(&repo, TARGET);
+    assert_eq!(target_before, tip(&repo, "main"), "the target did not move");
+    wait_until(T, "ann's task back in progress", || {
+        (task_status(&team, &ann_task) == TaskStatus::InProgress).then_some(())
+    });
+    drop(sup);
+
+    let bob_task = new_task(&team, "bob's file", "bob", &[]);
+    script_task(&fake, "m-bob", &bob_task, &commit_cmd("bob.txt", "bob"));
+    spawn(&repo, &url, "bob");
+    sup = run(&team, &repo, &url, &[]);
+    let landed = wait_until(T, "bob landed", || {
+        named(&team, "merge_landed").into_iter().next()
+    });
+    assert_eq!(landed["member"], "bob");
+    let target = tip(&repo, TARGET);
+    assert_eq!(show(&repo, &format!("{target}:bob.txt")), "bob\n");
+    assert!(!files_at(&repo, &target).contains(&"planted.txt".to_owned()));
+    // What landed is the merge of bob's commit onto the old tip, nothing more.
+    let parents = git_ok(&repo, &["rev-list", "--parents", "-n", "1", &target]);
+    let bob_tip = tip(&repo, "troupe/bob");
+    assert_eq!(
+        parents.split_whitespace().skip(1).collect::<Vec<_>>(),
+        [target_before.as_str(), bob_tip.as_str()]
+    );
+    assert_eq!(task_status(&team, &bob_task), TaskStatus::Completed);
+    drop(sup);
+    let _ = git(&repo, &["status"]);
+    let _ = commit;
+}
