@@ -192,6 +192,14 @@ fn task_status(team: &Team, id: &str) -> TaskStatus {
     TaskStore::new(&team.dir).get(id).unwrap().status
 }
 
+/// Waits for task `id` to be completed (settled just after its `merge_landed` event).
+fn completed(team: &Team, id: &str) -> TaskStatus {
+    wait_until(T, "the task completed", || {
+        let s = task_status(team, id);
+        (s == TaskStatus::Completed).then_some(s)
+    })
+}
+
 /// The files of `rev`'s tree.
 fn files_at(repo: &Path, rev: &str) -> Vec<String> {
     git_ok(repo, &["ls-tree", "--name-only", rev])
@@ -281,7 +289,7 @@ fn three_members_land_in_queue_order_each_checked_on_the_ones_before() {
             show(&repo, &format!("{target}:{name}.txt")),
             format!("{name}\n")
         );
-        assert_eq!(task_status(&team, id), TaskStatus::Completed);
+        assert_eq!(completed(&team, id), TaskStatus::Completed);
     }
     assert_eq!(tip(&repo, "main"), main_head);
     assert!(
@@ -291,8 +299,15 @@ fn three_members_land_in_queue_order_each_checked_on_the_ones_before() {
         "{:?}",
         entries(&team)
     );
-    // The blocked task was claimable once ann's work landed.
-    assert_eq!(task_status(&team, &after), TaskStatus::Pending);
+    // The task blocked by ann's is claimable once ann's work landed.
+    let claimable = |who| {
+        TaskStore::new(&team.dir)
+            .claimable(Some(who))
+            .unwrap()
+            .iter()
+            .any(|t| t.id == after)
+    };
+    assert!(claimable("ann"));
     let st: Value = serde_json::from_str(&lead_ok(&repo, &url, &["status", "--json"])).unwrap();
     let ann = st["members"]
         .as_array()
@@ -362,7 +377,7 @@ fn a_conflict_is_sent_back_resolved_by_its_owner_and_lands() {
     let target = tip(&repo, TARGET);
     assert_eq!(show(&repo, &format!("{target}:README")), "ann\nbob\n");
     for (_, id) in &tasks {
-        assert_eq!(task_status(&team, id), TaskStatus::Completed);
+        assert_eq!(completed(&team, id), TaskStatus::Completed);
     }
     // The one sent back heard why, naming the file.
     let heard = team.transcript(&second).iter().any(|e| {
@@ -423,13 +438,143 @@ fn a_failing_check_sends_back_and_what_checks_write_never_lands() {
     assert!(!files_at(&repo, &target).contains(&"planted.txt".to_owned()));
     // What landed is the merge of bob's commit onto the old tip, nothing more.
     let parents = git_ok(&repo, &["rev-list", "--parents", "-n", "1", &target]);
-    let bob_tip = tip(&repo, "troupe/bob");
+    let bob_tip = entries(&team)
+        .into_iter()
+        .find(|e| e.member == "bob")
+        .unwrap()
+        .commit;
     assert_eq!(
         parents.split_whitespace().skip(1).collect::<Vec<_>>(),
         [target_before.as_str(), bob_tip.as_str()]
     );
-    assert_eq!(task_status(&team, &bob_task), TaskStatus::Completed);
+    assert_eq!(completed(&team, &bob_task), TaskStatus::Completed);
     drop(sup);
-    let _ = git(&repo, &["status"]);
-    let _ = commit;
+}
+
+/// Acceptance 4: `kill -9` of the supervisor during a check. The next `lead run` checks the
+/// entry again, and the target moves once.
+#[test]
+fn a_supervisor_killed_during_a_check_checks_again_and_lands_once() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    set_checks(&team, &["sleep 2; ls >&2"]);
+    let task = new_task(&team, "ann's file", "ann", &[]);
+    script_task(&fake, "m-ann", &task, &commit_cmd("ann.txt", "ann"));
+    spawn(&repo, &url, "ann");
+    let sup = run(&team, &repo, &url, &[]);
+    wait_until(T, "the check under way", || {
+        entries(&team)
+            .iter()
+            .any(|e| e.state == MergeState::Checking && e.attempts == 1)
+            .then_some(())
+    });
+    drop(sup); // SIGKILL
+    let created = tip(&repo, TARGET);
+    assert_eq!(entries(&team)[0].state, MergeState::Checking);
+    let _sup = run(&team, &repo, &url, &[]);
+    wait_until(T, "landed", || {
+        (!named(&team, "merge_landed").is_empty()).then_some(())
+    });
+    let e = &entries(&team)[0];
+    assert_eq!((e.state, e.attempts), (MergeState::Landed, 2), "{e:?}");
+    assert_eq!(completed(&team, &task), TaskStatus::Completed);
+    let checks = named(&team, "hook_ran")
+        .into_iter()
+        .filter(|e| e["hook"] == "merge_check")
+        .count();
+    assert_eq!(
+        checks, 1,
+        "the killed check left no verdict; the second ran to its end"
+    );
+    // The target's reflog: made, then moved once.
+    let log = git_ok(&repo, &["reflog", "show", "--format=%H %gs", TARGET]);
+    assert_eq!(log.lines().count(), 2, "{log}");
+    let landed = tip(&repo, TARGET);
+    assert_ne!(landed, created);
+    assert_eq!(e.landed.as_deref(), Some(landed.as_str()));
+    assert_eq!(named(&team, "merge_landed").len(), 1);
+}
+
+/// Acceptance 5: the target is `main`, checked out in the main tree with a change of the
+/// person's own: the entry waits and nothing in the tree changes; once the person commits,
+/// the entry lands and the tree follows.
+#[test]
+fn a_checked_out_target_waits_for_a_clean_tree_and_the_tree_follows() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    set_checks(&team, &["ls >&2"]);
+    let task = new_task(&team, "ann's file", "ann", &[]);
+    let after = new_task(&team, "after ann's file", "bob", &[&task]);
+    script_task(&fake, "m-ann", &task, &commit_cmd("ann.txt", "ann"));
+    spawn(&repo, &url, "ann");
+    let claimable = || {
+        TaskStore::new(&team.dir)
+            .claimable(Some("bob"))
+            .unwrap()
+            .iter()
+            .any(|t| t.id == after)
+    };
+    // The person's own change, not committed yet.
+    std::fs::write(repo.join("README"), "the person's edit\n").unwrap();
+    let head = tip(&repo, "main");
+    let _sup = run(&team, &repo, &url, &["--target", "main"]);
+    let waiting = wait_until(T, "the entry waiting", || {
+        entries(&team)
+            .into_iter()
+            .find(|e| e.state == MergeState::Waiting)
+    });
+    assert!(
+        waiting
+            .report
+            .as_deref()
+            .unwrap_or_default()
+            .contains("changes of its own"),
+        "{waiting:?}"
+    );
+    // Nothing in the tree moved: the branch, the person's edit, no new file.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(tip(&repo, "main"), head);
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "the person's edit\n"
+    );
+    assert!(!repo.join("ann.txt").exists());
+    assert_eq!(task_status(&team, &task), TaskStatus::Completing);
+    assert!(!claimable(), "what waits on ann's task waits for the land");
+    let st = lead_ok(&repo, &url, &["status"]);
+    assert!(st.contains("merge queue: waiting for a clean tree"), "{st}");
+
+    // The person commits: the entry is merged onto the new tip, checked, and lands, and the
+    // tree follows.
+    git_ok(&repo, &["add", "README"]);
+    commit(&repo, "the person's edit");
+    let person = tip(&repo, "main");
+    wait_until(T, "landed", || {
+        (!named(&team, "merge_landed").is_empty()).then_some(())
+    });
+    let now = tip(&repo, "main");
+    assert_ne!(now, person);
+    assert!(
+        git(&repo, &["merge-base", "--is-ancestor", &person, &now])
+            .status
+            .success()
+    );
+    assert_eq!(git_ok(&repo, &["rev-parse", "HEAD"]).trim(), now);
+    assert_eq!(
+        std::fs::read_to_string(repo.join("ann.txt")).unwrap(),
+        "ann\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "the person's edit\n"
+    );
+    let dirty: Vec<String> = git_ok(&repo, &["status", "--porcelain", "--untracked-files=no"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert!(dirty.is_empty(), "{dirty:?}");
+    assert_eq!(completed(&team, &task), TaskStatus::Completed);
+    assert!(claimable());
 }
