@@ -317,6 +317,14 @@ fn three_members_land_in_queue_order_each_checked_on_the_ones_before() {
         .unwrap()
         .clone();
     assert_eq!(ann["merge"]["state"], "landed", "{ann}");
+    let top: Value =
+        serde_json::from_str(&lead_ok(&repo, &url, &["top", "--once", "--json"])).unwrap();
+    for r in top["rows"].as_array().unwrap() {
+        assert!(
+            r["merge"].as_str().unwrap().starts_with("landed at "),
+            "{r}"
+        );
+    }
 }
 
 /// Acceptance 2: two members change the same line. The first lands; the second is sent back

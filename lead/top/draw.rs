@@ -97,12 +97,15 @@ fn age(secs: Option<f64>) -> String {
 
 /// The cells of one member's row, as text.
 fn cells(r: &Row, now: f64) -> Vec<String> {
-    let place = match (&r.host, &r.branch) {
+    let mut place = match (&r.host, &r.branch) {
         (Some(h), Some(b)) => format!("{h} {b}"),
         (Some(h), None) => h.clone(),
         (None, Some(b)) => b.clone(),
         (None, None) => "-".into(),
     };
+    if let Some(m) = &r.merge {
+        place = format!("{place} ({m})");
+    }
     vec![
         r.name.clone(),
         r.role.clone(),
@@ -164,7 +167,7 @@ fn table(f: &mut Screen, area: Rect, view: &View) {
         Constraint::Length(5),
         Constraint::Length(5),
         Constraint::Length(3),
-        Constraint::Length(12),
+        Constraint::Min(12),
         Constraint::Min(10),
     ];
     let t = Table::new(rows, widths)

@@ -63,6 +63,9 @@ pub struct Row {
     pub pending_requests: Vec<String>,
     pub host: Option<String>,
     pub branch: Option<String>,
+    /// A worktree member's place in the merge queue (`queued`, `checking`, `landed at
+    /// 1a2b3c4`, `sent back`, `waiting for a clean tree`).
+    pub merge: Option<String>,
     pub pid: Option<u32>,
     pub lints: Vec<String>,
 }
@@ -128,6 +131,11 @@ pub fn gather(team: &TeamDir, events: &[Value]) -> anyhow::Result<Frame> {
     let requests = RequestStore::new(team).list(Some(RequestStatus::Pending))?;
     let tasks = TaskStore::new(team).list(None)?;
     let here = team.store().this_host();
+    let merges = troupe::merge::latest_by_member(
+        &troupe::merge::MergeStore::new(team)
+            .list()
+            .unwrap_or_default(),
+    );
     let mut rows = Vec::new();
     let mut in_flight = 0;
     for m in &cfg.members {
@@ -138,6 +146,7 @@ pub fn gather(team: &TeamDir, events: &[Value]) -> anyhow::Result<Frame> {
             in_flight += 1;
         }
         let mut row = row;
+        row.merge = merges.get(&m.name).map(troupe::merge::describe);
         row.lints = lints(&row, &signs, now);
         rows.push(row);
     }
@@ -229,6 +238,7 @@ fn row_of(
         pending_requests: pending.iter().map(|r| r.request_id.clone()).collect(),
         host: m.host.clone(),
         branch: m.worktree.as_ref().map(|w| w.branch.clone()),
+        merge: None,
         pid: m.pid,
         lints: Vec::new(),
     };
@@ -313,6 +323,7 @@ mod tests {
             pending_requests: vec![],
             host: None,
             branch: None,
+            merge: None,
             pid: Some(1),
             lints: vec![],
         }
