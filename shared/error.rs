@@ -63,6 +63,10 @@ pub enum Error {
     /// No entry of the merge queue with this id.
     #[error("no such merge queue entry: {0}")]
     UnknownMerge(String),
+    /// A change of a merge queue entry its state refuses (cancelling a closed one, retrying an
+    /// open one).
+    #[error("merge queue entry {id}: {why}")]
+    MergeRefused { id: String, why: String },
     /// A task change the board's rules refuse (a claim of a blocked or taken task, an update by
     /// someone other than its owner, a cancel that would strand dependents, a cycle).
     #[error("task {id}: {why}")]
@@ -143,6 +147,7 @@ impl Error {
             | Error::UnknownMerge(_) => 3,
             Error::AlreadyResolved { .. }
             | Error::TaskRefused { .. }
+            | Error::MergeRefused { .. }
             | Error::NoClaimableTask
             | Error::MemberConflict { .. }
             | Error::OverBudget { .. }

@@ -586,3 +586,82 @@ fn a_checked_out_target_waits_for_a_clean_tree_and_the_tree_follows() {
     assert_eq!(completed(&team, &task), TaskStatus::Completed);
     assert!(claimable());
 }
+
+/// `lead merge` by hand, and a completion with nothing committed: queued, listed, cancelled and
+/// retried from the CLI; unknown names and ids refused; a branch queued by hand lands; a task
+/// completed with nothing beyond the target goes back with "commit your work".
+#[test]
+fn lead_merge_by_hand_and_a_completion_without_a_commit() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    fake.push_for("m-ann", Reply::ok(anthropic_text("ready")));
+    spawn(&repo, &url, "ann");
+    let o = lead(&repo, &url, &["merge", "nobody"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    // A person commits in ann's worktree, and queues it.
+    let wt = team.member("ann").worktree.unwrap().path;
+    std::fs::write(wt.join("by-hand.txt"), "by hand\n").unwrap();
+    git_ok(&wt, &["add", "by-hand.txt"]);
+    commit(&wt, "by hand");
+    let q: Value =
+        serde_json::from_str(&lead_ok(&repo, &url, &["merge", "ann", "--json"])).unwrap();
+    assert_eq!(q["result"], "queued", "{q}");
+    let id = q["entry"]["id"].as_str().unwrap().to_owned();
+    let again: Value =
+        serde_json::from_str(&lead_ok(&repo, &url, &["merge", "ann", "--json"])).unwrap();
+    assert_eq!(again["result"], "already queued");
+    let list: Value =
+        serde_json::from_str(&lead_ok(&repo, &url, &["merge", "--list", "--json"])).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["state"], "queued");
+    assert!(lead_ok(&repo, &url, &["merge", "--cancel", &id]).contains("cancelled"));
+    let o = lead(&repo, &url, &["merge", "--cancel", &id])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "a closed entry: {o:?}");
+    let o = lead(&repo, &url, &["merge", "--retry", "0badc0de"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(lead_ok(&repo, &url, &["merge", "--retry", &id]).contains("queued again"));
+
+    let _sup = run(&team, &repo, &url, &[]);
+    wait_until(T, "the hand-queued branch landed", || {
+        (!named(&team, "merge_landed").is_empty()).then_some(())
+    });
+    let target = tip(&repo, TARGET);
+    assert_eq!(show(&repo, &format!("{target}:by-hand.txt")), "by hand\n");
+    assert!(lead_ok(&repo, &url, &["merge", "--list"]).contains("landed at"));
+
+    // A completion with nothing new on the branch goes back.
+    let task = new_task(&team, "forgot to commit", "ann", &[]);
+    fake.push_for(
+        "m-ann",
+        tool("tu_claim", "task_claim", json!({"task_id": task})),
+    );
+    fake.push_for(
+        "m-ann",
+        tool(
+            "tu_done",
+            "task_update",
+            json!({"task_id": task, "status": "completed", "result": "done"}),
+        ),
+    );
+    fake.push_for("m-ann", Reply::ok(anthropic_text("done")));
+    fake.push_for("m-ann", Reply::ok(anthropic_text("will commit")));
+    lead_ok(&repo, &url, &["send", "ann", "do the task"]);
+    let sent = wait_until(T, "sent back", || {
+        named(&team, "merge_sent_back").into_iter().next()
+    });
+    assert!(
+        sent["report"]
+            .as_str()
+            .unwrap()
+            .contains("commit your work"),
+        "{sent}"
+    );
+    wait_until(T, "the task back in progress", || {
+        (task_status(&team, &task) == TaskStatus::InProgress).then_some(())
+    });
+}

@@ -1,7 +1,7 @@
 //! Issue 24, the seam: one contract of the team's shared state, run on both backends of the
 //! store, the team dir's files and a Redis bus, through the same calls (the callers never ask
 //! which it is): racing deciders of one request (one wins), racing roster writers (none lost),
-//! racing keyed task creations (one creates), the event log read from any position, a named
+//! racing keyed task creations (one creates), racing makers of a merge queue entry (one makes it), the event log read from any position, a named
 //! lock that excludes, a heartbeat, the rate governor's call slots, and a change watch that wakes on the roster and the board and not on
 //! the event log. On the bus, none of it is in the team dir.
 
@@ -176,6 +176,44 @@ fn shared_state_contract(open: &(dyn Fn() -> TeamDir + Sync)) {
     assert!(seen_within(&watch, Duration::from_secs(5)), "the new task");
 }
 
+/// The merge queue's entries: racing makers of one entry (one makes it, all get it), the
+/// states it moves through, a cancel and a retry, an unknown id.
+fn merge_entries(open: &(dyn Fn() -> TeamDir + Sync)) {
+    use troupe::merge::{MergeState, MergeStore, NewEntry};
+    let new = NewEntry {
+        member: "alice".into(),
+        branch: "troupe/alice".into(),
+        commit: "a".repeat(40),
+        task: Some(("1234abcd".into(), 1)),
+        host: None,
+    };
+    let made: Vec<_> = std::thread::scope(|s| {
+        let racers: Vec<_> = (0..8)
+            .map(|_| {
+                let t = open();
+                let new = new.clone();
+                s.spawn(move || MergeStore::new(&t).enqueue(&new).unwrap())
+            })
+            .collect();
+        racers.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(made.iter().filter(|(_, new)| *new).count(), 1);
+    assert!(made.iter().all(|(e, _)| e == &made[0].0));
+    let team = open();
+    let store = MergeStore::new(&team);
+    let id = made[0].0.id.clone();
+    assert_eq!(store.list().unwrap(), vec![made[0].0.clone()]);
+    let (e, moved) = store
+        .update_checking(&id, "troupe/integration", "b", "c")
+        .unwrap();
+    assert!(moved);
+    assert_eq!((e.state, e.attempts), (MergeState::Checking, 1));
+    store.cancel(&id).unwrap();
+    assert!(store.cancel(&id).is_err(), "a cancelled entry is closed");
+    assert_eq!(store.retry(&id).unwrap().state, MergeState::Queued);
+    assert!(matches!(store.get("0badc0de"), Err(Error::UnknownMerge(_))));
+}
+
 /// The rate governor's part of the contract, each party with its own handle on the team.
 fn call_slots(open: &(dyn Fn() -> TeamDir + Sync)) {
     use troupe::store::govern::Pool;
@@ -239,6 +277,7 @@ fn the_contract_holds_on_the_files() {
         move || TeamDir::create(&*root).unwrap().with_bus(None)
     };
     shared_state_contract(&open);
+    merge_entries(&open);
 }
 
 #[test]
@@ -255,6 +294,7 @@ fn the_contract_holds_on_a_redis_bus() {
         ))
     };
     shared_state_contract(&open);
+    merge_entries(&open);
     // And nothing of it is in the team dir.
     let team = TeamDir::create(tmp.path().join(".team"))
         .unwrap()
@@ -264,4 +304,5 @@ fn the_contract_holds_on_a_redis_bus() {
     assert!(!team.events().exists());
     assert!(!team.root().join("beats").exists());
     assert!(!team.root().join("govern").exists());
+    assert!(!team.merge_dir().exists());
 }

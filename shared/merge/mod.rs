@@ -356,10 +356,10 @@ impl MergeStore {
             Some("cancelled by hand".to_owned()),
         )?;
         if !moved {
-            return Err(Error::Protocol(format!(
-                "merge queue entry {id} is {}; only an open entry can be cancelled",
-                e.state
-            )));
+            return Err(Error::MergeRefused {
+                id: id.to_owned(),
+                why: format!("it is {}; only an open entry can be cancelled", e.state),
+            });
         }
         self.log("merge_cancelled", &e, json!({}));
         Ok(e)
@@ -379,11 +379,13 @@ impl MergeStore {
             None,
         )?;
         if !moved {
-            return Err(Error::Protocol(format!(
-                "merge queue entry {id} is {}; only a stopped, sent back or cancelled entry can \
-                 be retried",
-                e.state
-            )));
+            return Err(Error::MergeRefused {
+                id: id.to_owned(),
+                why: format!(
+                    "it is {}; only a stopped, sent back or cancelled entry can be retried",
+                    e.state
+                ),
+            });
         }
         self.log("merge_queued", &e, json!({"retry": true}));
         Ok(e)
