@@ -604,7 +604,7 @@ impl TaskStore {
     /// after a reopen, a later completion that its own run of the hooks judges.
     ///
     /// `before` runs under the task's lock, on the task as it is about to be written, just
-    /// before it is (the supervisor tells the owner there): nobody can act on the change before
+    /// before it is (the supervisor tells the owner there, and may note why in its `result`): nobody can act on the change before
     /// it ran, and a crash between the two leaves the task completing, to be settled again.
     pub fn settle_completion(
         &self,
@@ -612,7 +612,7 @@ impl TaskStore {
         judged: u64,
         passed: bool,
         ended: impl FnOnce(&str) -> bool,
-        before: impl FnOnce(&Task),
+        before: impl FnOnce(&mut Task),
     ) -> Result<Option<Task>> {
         let mut changed = false;
         let mut released_from = None;
@@ -634,7 +634,7 @@ impl TaskStore {
             } else {
                 t.status = TaskStatus::InProgress;
             }
-            before(&t);
+            before(&mut t);
             changed = true;
             Ok(Some(t))
         })?;

@@ -665,3 +665,69 @@ fn lead_merge_by_hand_and_a_completion_without_a_commit() {
         (task_status(&team, &task) == TaskStatus::InProgress).then_some(())
     });
 }
+
+/// A check that gives no verdict (here, its timeout) keeps its entry and stops the queue there,
+/// with an event; the entries behind it wait; `lead merge --retry` puts it back.
+#[test]
+fn a_check_without_a_verdict_stops_the_queue_until_a_retry() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    Roster::new(&team.dir)
+        .update(|cfg| {
+            cfg.hooks = vec![Hook {
+                event: HookEvent::MergeCheck,
+                command: "if [ -f ann.txt ] && [ ! -f bob.txt ]; then sleep 30; fi; true".into(),
+                timeout_secs: Some(1),
+                sandbox: true,
+            }];
+            Ok(())
+        })
+        .unwrap();
+    let ann = new_task(&team, "ann's file", "ann", &[]);
+    script_task(&fake, "m-ann", &ann, &commit_cmd("ann.txt", "ann"));
+    spawn(&repo, &url, "ann");
+    let _sup = run(&team, &repo, &url, &[]);
+    let stopped = wait_until(T, "the queue stopped", || {
+        named(&team, "merge_stopped").into_iter().next()
+    });
+    assert!(
+        stopped["why"].as_str().unwrap().contains("timed out"),
+        "{stopped}"
+    );
+    // bob's entry waits behind the stopped one.
+    let bob = new_task(&team, "bob's file", "bob", &[]);
+    script_task(&fake, "m-bob", &bob, &commit_cmd("bob.txt", "bob"));
+    spawn(&repo, &url, "bob");
+    wait_until(T, "bob queued", || {
+        entries(&team)
+            .iter()
+            .any(|e| e.member == "bob")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(named(&team, "merge_landed").is_empty());
+    assert_eq!(task_status(&team, &ann), TaskStatus::Completing);
+    let id = entries(&team)
+        .into_iter()
+        .find(|e| e.member == "ann")
+        .unwrap()
+        .id;
+    assert_eq!(
+        MergeStore::new(&team.dir).get(&id).unwrap().state,
+        MergeState::Stopped
+    );
+    // The check is fixed, the entry retried: both land, in order.
+    set_checks(&team, &["true"]);
+    lead_ok(&repo, &url, &["merge", "--retry", &id]);
+    wait_until(T, "both landed", || {
+        (named(&team, "merge_landed").len() == 2).then_some(())
+    });
+    let order: Vec<String> = named(&team, "merge_landed")
+        .iter()
+        .map(|e| e["member"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(order, ["ann", "bob"]);
+    assert_eq!(completed(&team, &ann), TaskStatus::Completed);
+    assert_eq!(completed(&team, &bob), TaskStatus::Completed);
+}

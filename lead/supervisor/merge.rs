@@ -495,6 +495,15 @@ impl Queue {
         let settled = self
             .tasks
             .settle_completion(task, completion, false, ended, |next| {
+                if next.status == TaskStatus::Pending {
+                    // For whoever claims it next: where the work so far is.
+                    next.result = Some(format!(
+                        "sent back by the merge queue after {} ended; its work so far is on \
+                         branch {}: merge that branch into yours first (git merge {}). {report}",
+                        e.member, e.branch, e.branch
+                    ));
+                    return;
+                }
                 if next.status != TaskStatus::InProgress {
                     return;
                 }

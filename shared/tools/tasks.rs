@@ -18,8 +18,9 @@ fn show(t: &Task) -> Value {
     });
     let note = if t.status == TaskStatus::Completing {
         Some(
-            "held until the team's task_completed hooks pass it; if they send it back, you get \
-             a message saying why and the task is in_progress again",
+            "held until the team's task_completed hooks pass it (and, for work in a worktree, \
+             until the merge queue has landed it); if it is sent back, you get a message saying \
+             why and the task is in_progress again",
         )
     } else if t.created_hook_pending {
         Some("nobody can claim it until the team's task_created hooks pass it")
