@@ -407,7 +407,7 @@ fn a_failing_check_sends_back_and_what_checks_write_never_lands() {
         &team,
         &[
             "if [ -f ann.txt ]; then echo 'ann.txt is not allowed here' >&2; exit 1; fi; \
-             echo evil > bob.txt; echo evil > planted.txt; git add -A 2>/dev/null; \
+             echo \"git dir: $(git rev-parse --absolute-git-dir 2>&1)\" >&2; echo evil > bob.txt; echo evil > planted.txt; git add -A 2>/dev/null; \
              echo 'gitdir: /nowhere' > .git 2>/dev/null; exit 0",
         ],
     );
@@ -436,7 +436,8 @@ fn a_failing_check_sends_back_and_what_checks_write_never_lands() {
     let bob_task = new_task(&team, "bob's file", "bob", &[]);
     script_task(&fake, "m-bob", &bob_task, &commit_cmd("bob.txt", "bob"));
     spawn(&repo, &url, "bob");
-    sup = run(&team, &repo, &url, &[]);
+    // Unsandboxed, so that the check's writes (the tree's files, its `.git` file) take.
+    sup = run(&team, &repo, &url, &["--sandbox", "off"]);
     let landed = wait_until(T, "bob landed", || {
         named(&team, "merge_landed").into_iter().next()
     });
@@ -456,6 +457,33 @@ fn a_failing_check_sends_back_and_what_checks_write_never_lands() {
         [target_before.as_str(), bob_tip.as_str()]
     );
     assert_eq!(completed(&team, &bob_task), TaskStatus::Completed);
+    let integration = troupe::merge::git::integration_path(&repo.canonicalize().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(integration.join(".git")).unwrap(),
+        "gitdir: /nowhere\n",
+        "the check rewrote the tree's .git file"
+    );
+    // The next entry: the queue's git never read that file, and the check finds it put right.
+    let cat_task = new_task(&team, "cat's file", "cat", &[]);
+    script_task(&fake, "m-cat", &cat_task, &commit_cmd("cat.txt", "cat"));
+    spawn(&repo, &url, "cat");
+    wait_until(T, "cat landed", || {
+        (named(&team, "merge_landed").len() == 2).then_some(())
+    });
+    let target = tip(&repo, TARGET);
+    assert_eq!(show(&repo, &format!("{target}:cat.txt")), "cat\n");
+    assert_eq!(show(&repo, &format!("{target}:bob.txt")), "bob\n");
+    let cat_check = named(&team, "hook_ran")
+        .into_iter()
+        .rfind(|e| e["hook"] == "merge_check" && e["member"] == "cat")
+        .unwrap();
+    assert!(
+        cat_check["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("/.git/worktrees/"),
+        "{cat_check}"
+    );
     drop(sup);
 }
 

@@ -68,6 +68,7 @@ impl MergeQueue {
             sandbox,
             target,
             stop: stop.clone(),
+            sandboxes: Default::default(),
         };
         let handle = std::thread::Builder::new()
             .name("merge".into())
@@ -97,6 +98,8 @@ struct Queue {
     sandbox: SandboxSettings,
     target: Option<String>,
     stop: Arc<AtomicBool>,
+    /// The checks' sandboxes, by integration tree.
+    sandboxes: std::sync::Mutex<Vec<(std::path::PathBuf, Arc<Sandbox>)>>,
 }
 
 /// What the queue does after an entry.
@@ -552,10 +555,7 @@ impl Queue {
         let target_dir = tree.check_target_dir();
         let _ = std::fs::create_dir_all(&target_dir);
         // The tree is the only place the checks may write (the kept target dir is inside it).
-        let mut settings = self.sandbox.clone();
-        settings.write.clear();
-        let sandbox =
-            Sandbox::prepare_quietly(&settings, &tree.path, self.team.root(), "merge-check", None);
+        let sandbox = self.sandbox_for(&tree.path);
         let input = json!({"event": HookEvent::MergeCheck, "entry": e}).to_string();
         let mut env = vec![
             ("TROUPE_HOOK_EVENT".to_owned(), "merge_check".to_owned()),
@@ -618,6 +618,26 @@ impl Queue {
             }
         }
         Some(Verdict::Passed)
+    }
+
+    /// The sandbox of the checks in the integration tree at `tree`: the team's settings less
+    /// `--sandbox-write` (the tree is the only place they may write), prepared once per tree.
+    fn sandbox_for(&self, tree: &Path) -> Arc<Sandbox> {
+        let mut cache = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, sb)) = cache.iter().find(|(p, _)| p == tree) {
+            return sb.clone();
+        }
+        let mut settings = self.sandbox.clone();
+        settings.write.clear();
+        let sb = Arc::new(Sandbox::prepare(
+            &settings,
+            tree,
+            self.team.root(),
+            "merge-check",
+            None,
+        ));
+        cache.push((tree.to_path_buf(), sb.clone()));
+        sb
     }
 
     /// A message from the lead to `to`, with an id derived from `key`. Best effort.
