@@ -86,6 +86,34 @@ fn run(team: &Team, repo: &Path, url: &str, extra: &[&str]) -> Bg {
     bg
 }
 
+/// [`wait_until`], but a timeout says what the supervisors logged and the queue's events.
+fn wait_for<R>(team: &Team, what: &str, mut f: impl FnMut() -> Option<R>) -> R {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        if let Some(r) = f() {
+            return r;
+        }
+        if std::time::Instant::now() > deadline {
+            let log =
+                std::fs::read_to_string(team.tmp.path().join("lead.stderr")).unwrap_or_default();
+            let queue: Vec<String> = events(team)
+                .iter()
+                .filter(|e| {
+                    let n = e["event"].as_str().unwrap_or("");
+                    n.starts_with("merge") || n == "hook_ran" || n.starts_with("task")
+                })
+                .map(Value::to_string)
+                .collect();
+            panic!(
+                "timed out waiting for {what}\nlead run said:\n{log}\nevents:\n{}\nentries: {:?}",
+                queue.join("\n"),
+                entries(team)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn tool(id: &str, name: &str, input: Value) -> Reply {
     let block = anthropic_tool_use_block(id, name, &input.to_string());
     Reply::ok(anthropic_message(&block, "tool_use", USAGE))
@@ -509,7 +537,7 @@ fn a_supervisor_killed_during_a_check_checks_again_and_lands_once() {
     let created = tip(&repo, TARGET);
     assert_eq!(entries(&team)[0].state, MergeState::Checking);
     let _sup = run(&team, &repo, &url, &[]);
-    wait_until(T, "landed", || {
+    wait_for(&team, "landed", || {
         (!named(&team, "merge_landed").is_empty()).then_some(())
     });
     let e = &entries(&team)[0];

@@ -374,9 +374,24 @@ impl Queue {
                 )?;
                 return Ok(After::Hold);
             }
-        } else if !mgit::compare_and_swap(repo, target, candidate, base)? {
-            self.requeue(e)?;
-            return Ok(After::Next);
+        } else {
+            match mgit::compare_and_swap(repo, target, candidate, base)? {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.requeue(e)?;
+                    return Ok(After::Next);
+                }
+                Err(why) => {
+                    // Its lock is held: checked already, it lands at a next pass.
+                    self.store.set_state(
+                        &e.id,
+                        &[MergeState::Checking, MergeState::Waiting],
+                        MergeState::Waiting,
+                        Some(format!("{target} could not be moved: {why}")),
+                    )?;
+                    return Ok(After::Hold);
+                }
+            }
         }
         self.landed(cfg, e, repo, candidate)?;
         Ok(After::Next)

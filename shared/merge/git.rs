@@ -121,10 +121,45 @@ pub fn fast_forward_tree(dir: &Path, commit: &str) -> Result<std::result::Result
     })
 }
 
+/// How long a ref's lock file may stand before it is taken for one a killed git left: git holds
+/// a ref's lock for the moment of one update.
+const STALE_REF_LOCK: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Moves `refs/heads/BRANCH` from `old` to `new` only if it still points at `old` (what
-/// `git update-ref` checks under the ref's lock): whether it moved.
-pub fn compare_and_swap(repo: &Path, branch: &str, new: &str, old: &str) -> Result<bool> {
-    Ok(git(
+/// `git update-ref` checks under the ref's lock): `Ok(true)` if it moved, `Ok(false)` if the
+/// branch had moved on, `Err` with git's stderr if it could not be updated at all (its lock
+/// held). A lock file older than [`STALE_REF_LOCK`] (a git killed mid-update, say with its
+/// supervisor) is removed and the update tried again.
+pub fn compare_and_swap(
+    repo: &Path,
+    branch: &str,
+    new: &str,
+    old: &str,
+) -> Result<std::result::Result<bool, String>> {
+    for attempt in 0..2 {
+        let o = update_ref(repo, branch, new, old)?;
+        if o.status.success() {
+            return Ok(Ok(true));
+        }
+        if branch_tip(repo, branch)?.as_deref() != Some(old) {
+            return Ok(Ok(false));
+        }
+        let lock = repo.join(".git/refs/heads").join(format!("{branch}.lock"));
+        let stale = std::fs::metadata(&lock)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE_REF_LOCK);
+        if attempt == 0 && stale {
+            tracing::warn!("removing {} left by a killed git", lock.display());
+            let _ = std::fs::remove_file(&lock);
+            continue;
+        }
+        return Ok(Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()));
+    }
+    Ok(Ok(false))
+}
+
+fn update_ref(repo: &Path, branch: &str, new: &str, old: &str) -> Result<Output> {
+    git(
         repo,
         &[
             "update-ref",
@@ -134,9 +169,7 @@ pub fn compare_and_swap(repo: &Path, branch: &str, new: &str, old: &str) -> Resu
             new,
             old,
         ],
-    )?
-    .status
-    .success())
+    )
 }
 
 /// The integration tree of one repository.
@@ -241,6 +274,9 @@ impl Integration {
             &dot_git,
             format!("gitdir: {}\n", self.admin.display()).as_bytes(),
         )?;
+        // Only the queue works in this tree (and its checks, which have ended): an index lock
+        // is what a git killed with its supervisor left.
+        let _ = std::fs::remove_file(self.admin.join("index.lock"));
         // A merge left half done by a crash.
         let _ = self.git(&["merge", "--abort"]);
         self.git_ok(&["reset", "--quiet", "--hard", tip])?;
@@ -312,4 +348,61 @@ pub fn fast_forward_member(wt: &crate::worktree::Worktree, commit: &str) -> Resu
             source,
         })?;
     Ok(o.status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(dir: &Path, args: &[&str]) -> String {
+        let o = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=T", "-c", "user.email=t@t.invalid"])
+            .args(args)
+            .env_remove("GIT_DIR")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    #[test]
+    fn a_land_moves_the_target_only_from_its_old_tip_and_outlives_a_stale_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path();
+        run(repo, &["init", "-q", "-b", "main"]);
+        run(repo, &["commit", "-q", "--allow-empty", "-m", "one"]);
+        let one = run(repo, &["rev-parse", "HEAD"]);
+        run(repo, &["commit", "-q", "--allow-empty", "-m", "two"]);
+        let two = run(repo, &["rev-parse", "HEAD"]);
+        assert_eq!(ensure_target(repo, "troupe/integration").unwrap(), two);
+        // Not from a tip it no longer has.
+        assert_eq!(
+            compare_and_swap(repo, "troupe/integration", &one, &one).unwrap(),
+            Ok(false)
+        );
+        // A fresh lock is someone's update under way: not taken.
+        let lock = repo.join(".git/refs/heads/troupe/integration.lock");
+        std::fs::write(&lock, "").unwrap();
+        assert!(
+            compare_and_swap(repo, "troupe/integration", &one, &two)
+                .unwrap()
+                .is_err()
+        );
+        // One a killed git left long ago is removed, and the land goes through.
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+        std::fs::File::options()
+            .write(true)
+            .open(&lock)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert_eq!(
+            compare_and_swap(repo, "troupe/integration", &one, &two).unwrap(),
+            Ok(true)
+        );
+        assert_eq!(branch_tip(repo, "troupe/integration").unwrap(), Some(one));
+        assert!(!lock.exists());
+    }
 }
