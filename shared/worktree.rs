@@ -258,25 +258,35 @@ pub fn is_dirty(wt: &Worktree) -> Option<bool> {
     if !wt.path.is_dir() || !admin.is_dir() {
         return None;
     }
-    let o = Command::new("git")
-        .arg("--git-dir")
-        .arg(admin)
-        .arg("--work-tree")
-        .arg(&wt.path)
-        .args(SAFE)
+    let o = git_in(admin, &wt.path, &wt.repo)
         // Without the index refresh's lock, which would make the teammate's own `git add` fail.
         .args(["--no-optional-locks", "status", "--porcelain"])
-        .current_dir(&wt.repo)
-        .env("GIT_COMMON_DIR", wt.repo.join(".git"))
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_INDEX_FILE")
-        .env_remove("GIT_CONFIG_PARAMETERS")
-        .stdin(std::process::Stdio::null())
         .output()
         .ok()?;
     o.status
         .success()
         .then(|| !String::from_utf8_lossy(&o.stdout).trim().is_empty())
+}
+
+/// `git` (its arguments to add) in the linked worktree at `work_tree` of the repository whose
+/// main tree is `repo`, with the admin dir troupe recorded (`admin`): the git dir, common dir
+/// and work tree named, whatever the worktree's `.git` file or the admin dir's `commondir` say
+/// now; `SAFE`; no inherited repository overrides; stdin closed.
+pub(crate) fn git_in(admin: &Path, work_tree: &Path, repo: &Path) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.arg("--git-dir")
+        .arg(admin)
+        .arg("--work-tree")
+        .arg(work_tree)
+        .args(SAFE)
+        .current_dir(repo)
+        .env("GIT_COMMON_DIR", repo.join(".git"))
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_CONFIG_PARAMETERS")
+        .stdin(std::process::Stdio::null());
+    cmd
 }
 
 /// Removes the worktree (`force`: with its uncommitted changes); the branch stays. A dir

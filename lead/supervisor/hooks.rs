@@ -28,7 +28,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -52,9 +51,7 @@ const OUTPUT_CAP: usize = 16 * 1024;
 
 /// The running hook thread.
 pub struct Hooks {
-    stop: Arc<AtomicBool>,
-    wake: std::os::unix::net::UnixStream,
-    handle: Option<JoinHandle<()>>,
+    thread: super::stoppable::Stoppable,
 }
 
 impl Hooks {
@@ -69,39 +66,28 @@ impl Hooks {
         sandbox: SandboxSettings,
         escalate_after: Option<Duration>,
     ) -> anyhow::Result<Hooks> {
-        let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
-        wake_r.set_nonblocking(true)?;
         std::fs::create_dir_all(team.tasks_dir())?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let runner = Runner {
-            store: TaskStore::new(&team),
-            merges: troupe::merge::MergeStore::new(&team),
-            team,
-            workdir,
-            host,
-            stop: stop.clone(),
-            sandbox,
-            sandboxes: Mutex::new(HashMap::new()),
-            roster: Mutex::new(Default::default()),
-            escalate_after,
-        };
-        let handle = std::thread::Builder::new()
-            .name("hooks".into())
-            .spawn(move || runner.run(&wake_r))?;
-        Ok(Hooks {
-            stop,
-            wake: wake_w,
-            handle: Some(handle),
-        })
+        let thread = super::stoppable::Stoppable::start("hooks", move |stop, wake| {
+            let runner = Runner {
+                store: TaskStore::new(&team),
+                merges: troupe::merge::MergeStore::new(&team),
+                team,
+                workdir,
+                host,
+                stop,
+                sandbox,
+                sandboxes: Mutex::new(HashMap::new()),
+                roster: Mutex::new(Default::default()),
+                escalate_after,
+            };
+            runner.run(&wake);
+        })?;
+        Ok(Hooks { thread })
     }
 
     /// Stops the thread: a hook running now is killed, and its event stays for the next start.
-    pub fn stop(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = (&self.wake).write_all(b"x");
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+    pub fn stop(self) {
+        self.thread.stop();
     }
 }
 

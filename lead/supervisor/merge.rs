@@ -15,12 +15,10 @@
 //! its next start and checks it again (a land it had made already is recognised: the target
 //! holds the recorded merge commit), so the target moves at most once per entry.
 
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::json;
@@ -42,9 +40,7 @@ const REPORT_TAIL: usize = 4000;
 
 /// The running merge thread.
 pub struct MergeQueue {
-    stop: Arc<AtomicBool>,
-    wake: std::os::unix::net::UnixStream,
-    handle: Option<JoinHandle<()>>,
+    thread: super::stoppable::Stoppable,
 }
 
 impl MergeQueue {
@@ -56,37 +52,26 @@ impl MergeQueue {
         sandbox: SandboxSettings,
         target: Option<String>,
     ) -> anyhow::Result<MergeQueue> {
-        let (wake_r, wake_w) = std::os::unix::net::UnixStream::pair()?;
-        wake_r.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
         ensure_targets(&team, host.as_deref(), target.as_deref());
-        let q = Queue {
-            store: MergeStore::new(&team),
-            tasks: TaskStore::new(&team),
-            team,
-            host,
-            sandbox,
-            target,
-            stop: stop.clone(),
-            sandboxes: Default::default(),
-        };
-        let handle = std::thread::Builder::new()
-            .name("merge".into())
-            .spawn(move || q.run(&wake_r))?;
-        Ok(MergeQueue {
-            stop,
-            wake: wake_w,
-            handle: Some(handle),
-        })
+        let thread = super::stoppable::Stoppable::start("merge", move |stop, wake| {
+            let q = Queue {
+                store: MergeStore::new(&team),
+                tasks: TaskStore::new(&team),
+                team,
+                host,
+                sandbox,
+                target,
+                stop,
+                sandboxes: Default::default(),
+            };
+            q.run(&wake);
+        })?;
+        Ok(MergeQueue { thread })
     }
 
     /// Stops the thread: a check running now is killed, and its entry stays `checking`.
-    pub fn stop(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = (&self.wake).write_all(b"x");
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+    pub fn stop(self) {
+        self.thread.stop();
     }
 }
 

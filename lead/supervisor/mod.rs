@@ -49,6 +49,7 @@ mod lease;
 mod merge;
 mod policy;
 mod spawn;
+mod stoppable;
 mod team_stop;
 
 pub use background::{Attach, detach, start_background};

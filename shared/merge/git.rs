@@ -10,10 +10,10 @@
 //! by merging the target into it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::error::{Error, Result};
-use crate::worktree::{SAFE, admin_of, git, git_ok};
+use crate::worktree::{admin_of, git, git_in, git_ok};
 
 /// The name of the kept `CARGO_TARGET_DIR` inside the integration tree: left by `git clean`, so
 /// that checks do not build from nothing each time.
@@ -224,19 +224,8 @@ impl Integration {
 
     /// `git ARGS` in the integration tree, with its git dir and work tree named.
     fn git(&self, args: &[&str]) -> Result<Output> {
-        let mut cmd = Command::new("git");
-        cmd.arg("--git-dir")
-            .arg(&self.admin)
-            .arg("--work-tree")
-            .arg(&self.path)
-            .args(SAFE)
-            .args(args)
-            .current_dir(&self.repo)
-            .env("GIT_COMMON_DIR", self.repo.join(".git"))
-            .env_remove("GIT_WORK_TREE")
-            .env_remove("GIT_INDEX_FILE")
-            .env_remove("GIT_DIR")
-            .stdin(std::process::Stdio::null());
+        let mut cmd = git_in(&self.admin, &self.path, &self.repo);
+        cmd.args(args);
         // Who made the merge commit, when the repository and the user name nobody.
         if git(&self.repo, &["config", "user.email"]).is_ok_and(|o| !o.status.success()) {
             for who in ["AUTHOR", "COMMITTER"] {
@@ -328,19 +317,8 @@ pub fn fast_forward_member(wt: &crate::worktree::Worktree, commit: &str) -> Resu
     if tip == commit || !is_ancestor(&wt.repo, &tip, commit)? {
         return Ok(false);
     }
-    let o = Command::new("git")
-        .arg("--git-dir")
-        .arg(admin)
-        .arg("--work-tree")
-        .arg(&wt.path)
-        .args(SAFE)
+    let o = git_in(admin, &wt.path, &wt.repo)
         .args(["merge", "--ff-only", "--quiet", commit])
-        .current_dir(&wt.repo)
-        .env("GIT_COMMON_DIR", wt.repo.join(".git"))
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_INDEX_FILE")
-        .env_remove("GIT_DIR")
-        .stdin(std::process::Stdio::null())
         .output()
         .map_err(|source| Error::Io {
             op: "run git in",
@@ -353,6 +331,7 @@ pub fn fast_forward_member(wt: &crate::worktree::Worktree, commit: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     fn run(dir: &Path, args: &[&str]) -> String {
         let o = Command::new("git")
