@@ -787,3 +787,35 @@ fn a_check_without_a_verdict_stops_the_queue_until_a_retry() {
     assert_eq!(completed(&team, &ann), TaskStatus::Completed);
     assert_eq!(completed(&team, &bob), TaskStatus::Completed);
 }
+
+/// The team file names the target (`target_branch`), `lead up` keeps it in config.json, and a
+/// name git would not take is refused before anything is written.
+#[test]
+fn the_team_file_names_the_target() {
+    let (team, repo) = repo_team();
+    let file = repo.join("team.toml");
+    std::fs::write(&file, "target_branch = \"release/next\"\n").unwrap();
+    lead_ok(
+        &repo,
+        "http://127.0.0.1:9",
+        &["up", "team.toml", "--accept"],
+    );
+    let cfg = Roster::new(&team.dir).load().unwrap();
+    assert_eq!(cfg.target_branch.as_deref(), Some("release/next"));
+    std::fs::write(&file, "target_branch = \"a..b\"\n").unwrap();
+    let o = lead(
+        &repo,
+        "http://127.0.0.1:9",
+        &["up", "team.toml", "--accept"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("target_branch"));
+    let cfg = Roster::new(&team.dir).load().unwrap();
+    assert_eq!(cfg.target_branch.as_deref(), Some("release/next"));
+    let o = lead(&repo, "http://127.0.0.1:9", &["run", "--target=a..b"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
