@@ -4,7 +4,8 @@
 //! exits 0 and the terminal is restored (the shell's screen back, the tty cooked again). And
 //! `lead top --once --json` prints one frame for scripts. Ctrl-C, SIGTERM and SIGHUP restore
 //! the terminal as `q` does; Ctrl-Z gives it back while top is stopped and `fg` resumes the
-//! view. Without tmux the tests say so and skip (under CI=true they fail).
+//! view; a terminal that goes away ends it. Without tmux the tests say so and skip (under
+//! CI=true they fail).
 
 mod support;
 
@@ -357,4 +358,22 @@ fn lead_top_gives_the_terminal_back_on_ctrl_c_sigterm_sighup_and_ctrl_z() {
     assert!(tmux.row("ann").is_some(), "{}", tmux.screen());
     tmux.keys(&["q"]);
     tmux.assert_exited_restored(&marks, 0, "q after Ctrl-Z");
+    drop(tmux);
+
+    // The terminal goes away under it (the tmux server killed, as an ssh session dropped):
+    // top ends, instead of reading the hung-up terminal forever.
+    let (tmux, _) = Tmux::start_top(&team, "hangup");
+    tmux.wait_drawn();
+    let pid = tmux.top_pid();
+    drop(tmux);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let gone = || matches!(proc_state(pid), None | Some('Z'));
+    while !gone() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !gone() {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        panic!("lead top outlived its terminal by 10 s (killed now)");
+    }
 }

@@ -134,6 +134,7 @@ fn run(team: &TeamDir, stop: &AtomicBool) -> anyhow::Result<u8> {
     };
     let mut read_at = Instant::now();
     let mut dirty = true;
+    let mut maybe_buffered = false;
     loop {
         if stop.load(Ordering::SeqCst) {
             return Ok(0);
@@ -154,9 +155,24 @@ fn run(team: &TeamDir, stop: &AtomicBool) -> anyhow::Result<u8> {
             term.draw(|f| draw::draw(f, team, &view))?;
             dirty = false;
         }
-        if !event::poll(Duration::from_millis(200))? {
+        // The terminal is looked at here before crossterm is asked: once it has hung up (an ssh
+        // session gone, the tmux server killed) crossterm's poll reads 0 bytes again and again
+        // and never returns, so neither a signal nor the clock would end the view.
+        match terminal_input(if maybe_buffered {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(200)
+        }) {
+            Input::HungUp => return Ok(0),
+            Input::Quiet if !maybe_buffered => continue,
+            _ => {}
+        }
+        if !event::poll(Duration::ZERO)? {
+            maybe_buffered = false;
             continue;
         }
+        // One read can parse several events (a paste): the rest wait in crossterm's buffer.
+        maybe_buffered = true;
         match event::read()? {
             Event::Key(k) if k.kind != KeyEventKind::Release => {
                 dirty = true;
@@ -195,6 +211,38 @@ fn run(team: &TeamDir, stop: &AtomicBool) -> anyhow::Result<u8> {
             Event::Resize(..) => dirty = true,
             _ => {}
         }
+    }
+}
+
+/// What the terminal has for us.
+enum Input {
+    /// Something to read (or the wait was cut short by a signal).
+    Ready,
+    Quiet,
+    /// It hung up, or is no terminal to poll any more.
+    HungUp,
+}
+
+/// Waits up to `timeout` for input on stdin, the terminal crossterm reads.
+fn terminal_input(timeout: Duration) -> Input {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    let ms =
+        PollTimeout::try_from(timeout.as_millis().min(1000) as i32).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, ms) {
+        Ok(0) => Input::Quiet,
+        Ok(_) => {
+            let got = fds[0].revents().unwrap_or(PollFlags::empty());
+            if got.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL) {
+                Input::HungUp
+            } else {
+                Input::Ready
+            }
+        }
+        Err(nix::errno::Errno::EINTR) => Input::Ready,
+        Err(_) => Input::HungUp,
     }
 }
 
