@@ -420,15 +420,7 @@ impl Runner {
         }
         // Whether the owner has ended is read now, under the task's lock, not from `cfg`: the
         // owner may have ended while the hook ran, after its exit handed back what it held.
-        let ended = |name: &str| match Roster::new(&self.team).load_for(name) {
-            Ok(now) => now
-                .member(name)
-                .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown)),
-            Err(e) => {
-                tracing::warn!("hooks: could not read the roster: {e}; {name} is taken as live");
-                false
-            }
-        };
+        let ended = |name: &str| has_ended(&self.team, name);
         // The owner is told under the task's lock, just before the task is back: it cannot
         // find its task still completing after it heard, and a crash between the two settles
         // the task again with the same message id, which its journal drops.
@@ -787,6 +779,21 @@ impl Runner {
         let sent = troupe::mail::send(&self.team, &msg, Stopped::Accept, Durability::Sync);
         if let Err(e) = sent {
             tracing::warn!("hooks: could not tell {to}: {e}");
+        }
+    }
+}
+
+/// Whether member `name` has ended (`failed`, `shutdown`, or gone from the roster), read now:
+/// what a verdict asks, under the task's lock, before it hands a task back to its owner. An
+/// unreadable roster counts as live.
+pub(super) fn has_ended(team: &TeamDir, name: &str) -> bool {
+    match Roster::new(team).load_for(name) {
+        Ok(now) => now
+            .member(name)
+            .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown)),
+        Err(e) => {
+            tracing::warn!("could not read the roster: {e}; {name} is taken as live");
+            false
         }
     }
 }

@@ -489,12 +489,7 @@ impl Queue {
             }
             return Ok(());
         };
-        let ended = |name: &str| match Roster::new(&self.team).load_for(name) {
-            Ok(now) => now
-                .member(name)
-                .is_none_or(|m| matches!(m.status, MemberStatus::Failed | MemberStatus::Shutdown)),
-            Err(_) => false,
-        };
+        let ended = |name: &str| super::hooks::has_ended(&self.team, name);
         let settled = self
             .tasks
             .settle_completion(task, completion, false, ended, |next| {
