@@ -369,7 +369,8 @@ impl Runner {
         } else if task.status == TaskStatus::Cancelled
             && let Some(creator) = creator
         {
-            self.tell(
+            tell(
+                &self.team,
                 creator,
                 &format!("hook:task_created:{}", t.id),
                 format!(
@@ -418,63 +419,29 @@ impl Runner {
             }
             return Ok(());
         }
-        // Whether the owner has ended is read now, under the task's lock, not from `cfg`: the
-        // owner may have ended while the hook ran, after its exit handed back what it held.
-        let ended = |name: &str| has_ended(&self.team, name);
-        // The owner is told under the task's lock, just before the task is back: it cannot
-        // find its task still completing after it heard, and a crash between the two settles
-        // the task again with the same message id, which its journal drops.
-        let settled = self
-            .store
-            .settle_completion(&t.id, t.completion, false, ended, |next| {
-                if next.status != TaskStatus::InProgress {
-                    return;
-                }
-                if let Some(owner) = next.owner.as_deref() {
-                    self.tell(
-                        owner,
-                        &format!("hook:task_completed:{}:{}", next.id, next.completion),
-                        format!(
-                            "The task_completed hook sent task {} ({}) back to you: it is \
-                             in_progress and yours again. Fix what it says, then call \
-                             task_update with status completed again. The hook said:\n{}",
-                            next.id,
-                            next.subject,
-                            ran.stderr.trim()
-                        ),
-                    );
-                }
-            })?;
-        // An owner that ended cannot take it back: the board gets it, and the lead hears.
-        if let Some(task) = settled.filter(|s| s.status == TaskStatus::Pending) {
-            let owner = t.owner.as_deref().unwrap_or("its owner");
-            let mut note = Message::new(
-                MessageType::StatusUpdate,
-                owner,
-                LEAD,
+        let said = ran.stderr.trim();
+        send_task_back(
+            &self.team,
+            &self.store,
+            t,
+            &format!("hook:task_completed:{}:{}", t.id, t.completion),
+            |next| {
                 format!(
-                    "The task_completed hook sent task {} ({}) back, but {owner} has ended: it \
-                     is pending for anyone. The hook said:\n{}",
-                    task.id,
-                    task.subject,
-                    ran.stderr.trim()
-                ),
-            );
-            note.id = troupe::ids::derived(&format!(
-                "hook:task_completed:{}:{}:released",
-                task.id, task.completion
-            ))
-            .to_string();
-            let sent = troupe::mail::send(&self.team, &note, Stopped::Accept, Durability::Sync);
-            if let Err(e) = sent {
-                tracing::warn!(
-                    "hooks: could not tell the lead {} is pending again: {e}",
-                    task.id
-                );
-            }
-            troupe::tasks::wake_claimers(&self.team, None);
-        }
-        Ok(())
+                    "The task_completed hook sent task {} ({}) back to you: it is in_progress and \
+                     yours again. Fix what it says, then call task_update with status completed \
+                     again. The hook said:\n{said}",
+                    next.id, next.subject,
+                )
+            },
+            |task, owner| {
+                format!(
+                    "The task_completed hook sent task {} ({}) back, but {owner} has ended: it is \
+                     pending for anyone. The hook said:\n{said}",
+                    task.id, task.subject,
+                )
+            },
+            None,
+        )
     }
 
     fn teammate_idle(&self, cfg: &TeamConfig, name: &str, calls: u64) -> anyhow::Result<()> {
@@ -489,7 +456,8 @@ impl Runner {
             return Ok(());
         };
         if ran.outcome == Outcome::Block && !me.status.is_terminal() {
-            self.tell(
+            tell(
+                &self.team,
                 name,
                 &format!("hook:teammate_idle:{name}:{calls}"),
                 format!(
@@ -770,23 +738,74 @@ impl Runner {
         }
         events::log(&self.team, "hook_ran", fields);
     }
+}
 
-    /// A message from the lead to teammate `to`, with an id derived from `key` (a repeat after
-    /// a crash is dropped by the recipient). Best effort: a failure is logged.
-    fn tell(&self, to: &str, key: &str, text: String) {
-        let mut msg = Message::new(MessageType::Message, LEAD, to, text);
-        msg.id = troupe::ids::derived(key).to_string();
-        let sent = troupe::mail::send(&self.team, &msg, Stopped::Accept, Durability::Sync);
-        if let Err(e) = sent {
-            tracing::warn!("hooks: could not tell {to}: {e}");
-        }
+/// A message from the lead to teammate `to`, with an id derived from `key` (a repeat after a
+/// crash is dropped by the recipient). Best effort: a failure is logged.
+pub(super) fn tell(team: &TeamDir, to: &str, key: &str, text: String) {
+    let mut msg = Message::new(MessageType::Message, LEAD, to, text);
+    msg.id = troupe::ids::derived(key).to_string();
+    if let Err(e) = troupe::mail::send(team, &msg, Stopped::Accept, Durability::Sync) {
+        tracing::warn!("could not tell {to}: {e}");
     }
+}
+
+/// Sends completion `t.completion` of task `t` back ([`TaskStore::settle_completion`] with
+/// its verdict "not passed"): to its owner, `in_progress`, told `to_owner(task)`; or, if the
+/// owner has ended (read now, under the task's lock, not from a roster read earlier: it may
+/// have ended meanwhile, after its exit handed back what it held), to the board, `pending`,
+/// with `released_result` as its result when given, and the lead told `to_lead(task, owner)`.
+/// The messages' ids derive from `key` (and `key:released`).
+///
+/// The owner is told under the task's lock, just before the task is back: it cannot find its
+/// task still completing after it heard, and a crash between the two settles the task again
+/// with the same message id, which its journal drops.
+pub(super) fn send_task_back(
+    team: &TeamDir,
+    store: &TaskStore,
+    t: &Task,
+    key: &str,
+    to_owner: impl FnOnce(&Task) -> String,
+    to_lead: impl FnOnce(&Task, &str) -> String,
+    released_result: Option<String>,
+) -> anyhow::Result<()> {
+    let ended = |name: &str| has_ended(team, name);
+    let settled = store.settle_completion(&t.id, t.completion, false, ended, |next| {
+        if next.status == TaskStatus::Pending {
+            if let Some(r) = released_result {
+                next.result = Some(r);
+            }
+            return;
+        }
+        if next.status != TaskStatus::InProgress {
+            return;
+        }
+        if let Some(owner) = next.owner.as_deref() {
+            tell(team, owner, key, to_owner(next));
+        }
+    })?;
+    // An owner that ended cannot take it back: the board gets it, and the lead hears.
+    if let Some(task) = settled.filter(|s| s.status == TaskStatus::Pending) {
+        let owner = t.owner.as_deref().unwrap_or("its owner");
+        let mut note = Message::new(
+            MessageType::StatusUpdate,
+            owner,
+            LEAD,
+            to_lead(&task, owner),
+        );
+        note.id = troupe::ids::derived(&format!("{key}:released")).to_string();
+        if let Err(e) = troupe::mail::send(team, &note, Stopped::Accept, Durability::Sync) {
+            tracing::warn!("could not tell the lead {} is pending again: {e}", task.id);
+        }
+        troupe::tasks::wake_claimers(team, None);
+    }
+    Ok(())
 }
 
 /// Whether member `name` has ended (`failed`, `shutdown`, or gone from the roster), read now:
 /// what a verdict asks, under the task's lock, before it hands a task back to its owner. An
 /// unreadable roster counts as live.
-pub(super) fn has_ended(team: &TeamDir, name: &str) -> bool {
+fn has_ended(team: &TeamDir, name: &str) -> bool {
     match Roster::new(team).load_for(name) {
         Ok(now) => now
             .member(name)

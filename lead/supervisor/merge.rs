@@ -25,15 +25,11 @@ use serde_json::json;
 use troupe::TeamDir;
 use troupe::config::{MemberStatus, Roster, TeamConfig};
 use troupe::hooks::HookEvent;
-use troupe::inbox::Durability;
-use troupe::mail::Stopped;
 use troupe::merge::git::{self as mgit, Integration, Merged};
 use troupe::merge::{MergeEntry, MergeState, MergeStore};
-use troupe::message::{Message, MessageType};
 use troupe::sandbox::{Sandbox, Settings as SandboxSettings};
 use troupe::store::Watched;
 use troupe::tasks::{TaskStatus, TaskStore};
-use troupe::teamdir::LEAD;
 
 /// The most of a check's stderr a report keeps (its tail).
 const REPORT_TAIL: usize = 4000;
@@ -481,7 +477,8 @@ impl Queue {
                 .member(&e.member)
                 .is_some_and(|m| !m.status.is_terminal())
             {
-                self.tell(
+                super::hooks::tell(
+                    &self.team,
                     &e.member,
                     &key,
                     format!("The merge queue sent back {}: {report}", e.branch),
@@ -489,51 +486,37 @@ impl Queue {
             }
             return Ok(());
         };
-        let ended = |name: &str| super::hooks::has_ended(&self.team, name);
-        let settled = self
-            .tasks
-            .settle_completion(task, completion, false, ended, |next| {
-                if next.status == TaskStatus::Pending {
-                    // For whoever claims it next: where the work so far is.
-                    next.result = Some(format!(
-                        "sent back by the merge queue after {} ended; its work so far is on \
-                         branch {}: merge that branch into yours first (git merge {}). {report}",
-                        e.member, e.branch, e.branch
-                    ));
-                    return;
-                }
-                if next.status != TaskStatus::InProgress {
-                    return;
-                }
-                if let Some(owner) = next.owner.as_deref() {
-                    self.tell(
-                        owner,
-                        &key,
-                        format!(
-                            "The merge queue sent task {} ({}) back to you: it is in_progress \
-                             and yours again. {report}",
-                            next.id, next.subject
-                        ),
-                    );
-                }
-            })?;
-        if let Some(t) = settled.filter(|s| s.status == TaskStatus::Pending) {
-            let mut note = Message::new(
-                MessageType::StatusUpdate,
-                &e.member,
-                LEAD,
+        let t = self.tasks.get(task)?;
+        if t.completion != completion {
+            return Ok(());
+        }
+        super::hooks::send_task_back(
+            &self.team,
+            &self.tasks,
+            &t,
+            &key,
+            |next| {
+                format!(
+                    "The merge queue sent task {} ({}) back to you: it is in_progress and yours \
+                     again. {report}",
+                    next.id, next.subject
+                )
+            },
+            |task, _| {
                 format!(
                     "The merge queue sent task {} ({}) back, but {} has ended: it is pending for \
                      anyone, and its work so far is on {} (whoever claims it can merge that \
                      branch first). {report}",
-                    t.id, t.subject, e.member, e.branch
-                ),
-            );
-            note.id = troupe::ids::derived(&format!("{key}:released")).to_string();
-            let _ = troupe::mail::send(&self.team, &note, Stopped::Accept, Durability::Sync);
-            troupe::tasks::wake_claimers(&self.team, None);
-        }
-        Ok(())
+                    task.id, task.subject, e.member, e.branch
+                )
+            },
+            // For whoever claims it next: where the work so far is.
+            Some(format!(
+                "sent back by the merge queue after {} ended; its work so far is on branch {}: \
+                 merge that branch into yours first (git merge {}). {report}",
+                e.member, e.branch, e.branch
+            )),
+        )
     }
 
     /// Runs the `merge_check` hooks in the integration tree, in order, until one fails;
@@ -633,15 +616,6 @@ impl Queue {
         ));
         cache.push((tree.to_path_buf(), sb.clone()));
         sb
-    }
-
-    /// A message from the lead to `to`, with an id derived from `key`. Best effort.
-    fn tell(&self, to: &str, key: &str, text: String) {
-        let mut msg = Message::new(MessageType::Message, LEAD, to, text);
-        msg.id = troupe::ids::derived(key).to_string();
-        if let Err(e) = troupe::mail::send(&self.team, &msg, Stopped::Accept, Durability::Sync) {
-            tracing::warn!("merge queue: could not tell {to}: {e}");
-        }
     }
 }
 
