@@ -36,16 +36,8 @@ const TARGET_RATIO: f64 = 0.8;
 
 /// What troupe's append, read and mark scripts call (shared/store/redis/inbox.rs). In troupe's
 /// runs no client sends them itself, so their calls are the commands run inside scripts (and
-/// their time is in `EVALSHA`'s already). `XGROUP CREATE` is left out: the waiter sends it too.
-const SCRIPT_CALLS: &[&str] = &[
-    "get",
-    "set",
-    "xadd",
-    "xrevrange",
-    "xreadgroup",
-    "xack",
-    "xdel",
-];
+/// their time is in `EVALSHA`'s already).
+const SCRIPT_CALLS: &[&str] = &["get", "set", "xadd", "xrange", "xrevrange", "xdel"];
 
 /// Server-wide counters per message (or per `XADD` request) between two snapshots.
 #[derive(Debug, Clone, Serialize)]
@@ -54,8 +46,7 @@ pub struct PerMessage {
     pub calls: BTreeMap<String, f64>,
     /// Server microseconds per message, by command (a script's include its calls').
     pub us: BTreeMap<String, f64>,
-    /// Commands clients sent (each its own round trip, but for the waiter's `XINFO` + `XLEN`,
-    /// pipelined).
+    /// Commands clients sent (each its own round trip).
     pub commands_sent: f64,
     /// Commands run inside scripts.
     pub commands_in_scripts: f64,

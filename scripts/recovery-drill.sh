@@ -242,7 +242,7 @@ appendonly yes
 appendfsync always
 save ""
 user default on >$ADMIN_PASSWORD ~* &* +@all
-user troupe on >$TROUPE_BUS_PASSWORD resetkeys ~troupe:* resetchannels -@all +auth +select +get +mget +set +del +exists +pexpire +sadd +smembers +sismember +zadd +zrem +zrank +zcard +zrangebyscore +zremrangebyscore +time +xadd +xrange +xrevrange +xread +xreadgroup +xgroup|create +xack +xdel +xlen +xinfo|stream +incrby +decrby +evalsha +script|load
+user troupe on >$TROUPE_BUS_PASSWORD resetkeys ~troupe:* resetchannels -@all +auth +select +get +mget +set +del +exists +pexpire +sadd +smembers +sismember +zadd +zrem +zrank +zcard +zrangebyscore +zremrangebyscore +time +xadd +xrange +xrevrange +xread +xdel +xlen +incrby +decrby +evalsha +script|load
 EOF
   export TROUPE_BUS="redis://troupe@127.0.0.1:$REDIS_PORT/0?team=drill" TROUPE_BUS_PASSWORD
   start_redis

@@ -24,14 +24,13 @@ use std::time::{Duration, Instant};
 /// SMEMBERS, SISMEMBER, and PEXPIRE (a lock taken again by its holder, on a retry). The rate
 /// governor's call slots and their queue (sorted sets, on the server's clock): ZADD, ZREM,
 /// ZRANK, ZCARD, ZRANGEBYSCORE, ZREMRANGEBYSCORE and TIME. The
-/// inboxes, events and change feed (streams): XADD, XRANGE, XREVRANGE, XREAD, XREADGROUP,
-/// XGROUP CREATE, XACK, XDEL, XLEN and XINFO STREAM.
+/// inboxes, events and change feed (streams): XADD, XRANGE, XREVRANGE, XREAD, XDEL and XLEN.
 /// The Lua scripts: EVALSHA, and SCRIPT LOAD when the server has lost its script cache (the
 /// commands a script calls are checked one by one).
 pub const TROUPE_ACL: &str = "resetkeys ~troupe:* resetchannels -@all +auth +select \
     +get +mget +set +del +exists +pexpire +sadd +smembers +sismember \
     +zadd +zrem +zrank +zcard +zrangebyscore +zremrangebyscore +time \
-    +xadd +xrange +xrevrange +xread +xreadgroup +xgroup|create +xack +xdel +xlen +xinfo|stream \
+    +xadd +xrange +xrevrange +xread +xdel +xlen \
     +evalsha +script|load";
 
 pub struct RedisServer {
