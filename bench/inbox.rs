@@ -42,8 +42,8 @@ pub enum Discipline {
     Troupe,
     /// The reference design: unlocked append; read, then truncate, with no lock.
     Naive,
-    /// troupe on the Redis bus: a Lua append per message; drain by consumer group into the
-    /// fsynced journal.
+    /// troupe on the Redis bus: a Lua append per message; drain (a read, then one mark
+    /// per batch) into the fsynced journal.
     Redis,
 }
 

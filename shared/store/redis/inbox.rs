@@ -3,8 +3,7 @@
 //! never drops), on a server several machines share.
 //!
 //! - **Keys**: the stream `troupe:{TEAM}:inbox:NAME`, one entry per message (field `m`, the
-//!   message's JSON line; field `o`, the bytes appended to the inbox up to and with this entry),
-//!   read through the consumer group `recipient` by the consumer `drainer`;
+//!   message's JSON line; field `o`, the bytes appended to the inbox up to and with this entry);
 //!   `troupe:{TEAM}:inbox:NAME:consumed` holds the `o` of the last entry consumed.
 //! - **Append**: one Lua script reads the last entry's `o` and the consumed offset (reads: not
 //!   in the AOF), refuses if their difference (the bytes not consumed yet, exactly) and the line
@@ -532,7 +531,7 @@ fn text(v: &Value) -> Option<&str> {
     }
 }
 
-/// The entries of an `XREAD`/`XREADGROUP` reply for one stream, as `(id, fields)`.
+/// The entries of an `XREAD` reply for one stream, as `(id, fields)`.
 fn stream_items(v: &Value) -> Vec<(&str, &[Value])> {
     // RESP2 (as scripts return it too): [[key, [entries]]]; RESP3: {key: [entries]}.
     match v {
@@ -580,7 +579,7 @@ fn field<'v>(fields: &'v [Value], name: &str) -> Option<&'v [u8]> {
         })
 }
 
-/// The entries of an `XREAD`/`XREADGROUP` reply for one stream: `(id, field m)`.
+/// The entries of an `XREAD` reply for one stream: `(id, field m)`.
 fn stream_entries(v: &Value) -> Vec<(&str, Option<&[u8]>)> {
     stream_items(v)
         .into_iter()
