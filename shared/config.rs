@@ -617,6 +617,27 @@ impl Roster {
         })
     }
 
+    /// Changes each of `names` with `f`: in a team dir, each one's record alone ([`Roster::write_member`]:
+    /// `f` sees a roster holding that member, without the team's fields), whatever the team's
+    /// size; on a bus, one change of the whole roster (`f` sees every member). `f` must change
+    /// only members of `names`. A failure stops it, and the records written before it stay.
+    pub fn update_members(
+        &self,
+        names: &[String],
+        f: &mut dyn FnMut(&mut TeamConfig),
+    ) -> Result<()> {
+        if !self.in_files() {
+            return self.update(|cfg| {
+                f(cfg);
+                Ok(())
+            });
+        }
+        for name in names {
+            self.write_member(name, false, f)?;
+        }
+        Ok(())
+    }
+
     /// Changes or adds member `name` alone (`lead spawn`): in a team dir, from the team's own
     /// fields and that member's record, without reading the others (see
     /// [`files::update_one`]); the whole roster when that cannot be. `f` sees a roster with
@@ -842,33 +863,56 @@ impl RosterWriter {
         });
     }
 
-    /// The member every pending write changes alone, if there is one such member.
-    fn sole_member(&self) -> Option<String> {
-        let first = self.pending.first()?.member.as_ref()?;
-        self.pending
-            .iter()
-            .all(|p| p.member.as_ref() == Some(first))
-            .then(|| first.clone())
+    /// The members the pending writes change, in the order they first come, when each write
+    /// changes one member alone and those can be written to their records one by one: one
+    /// member, or any number in a team dir (each record alone costs the same whatever the
+    /// team's size, where a change of the whole roster reads and writes every member).
+    fn members_alone(&self) -> Option<Vec<String>> {
+        let mut names: Vec<String> = Vec::new();
+        for p in &self.pending {
+            let name = p.member.as_ref()?;
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        (names.len() == 1 || self.roster.in_files()).then_some(names)
     }
 
-    /// Writes what is pending: one member's changes to its record alone, anything else as a
-    /// change of the whole roster.
+    /// Writes what is pending: changes of single members to their records alone (see
+    /// [`RosterWriter::members_alone`]), anything else as a change of the whole roster. A
+    /// failure keeps what is not written yet pending (a record written stays written: its
+    /// changes, an incarnation's bump say, are not applied twice).
     fn write_pending(&mut self) -> Result<()> {
-        let pending = &self.pending;
-        if let Some(name) = self.sole_member() {
-            let with_team = pending.iter().any(|p| p.with_team);
-            let written = self.roster.write_member(&name, with_team, &mut |one| {
-                for p in pending {
-                    (p.change)(one);
+        if let Some(names) = self.members_alone() {
+            let many = names.len() > 1;
+            for name in names {
+                let pending = &self.pending;
+                let mine = |p: &&PendingWrite| p.member.as_deref() == Some(name.as_str());
+                let with_team = pending.iter().filter(mine).any(|p| p.with_team);
+                let written = self.roster.write_member(&name, with_team, &mut |one| {
+                    for p in pending.iter().filter(mine) {
+                        (p.change)(one);
+                    }
+                })?;
+                self.pending
+                    .retain(|p| p.member.as_deref() != Some(name.as_str()));
+                if let (Some(m), Some((_, cfg))) = (written, self.recent.as_mut())
+                    && let Some(slot) = cfg.member_mut(&name)
+                {
+                    *slot = m;
                 }
-            })?;
-            if let (Some(m), Some((_, cfg))) = (written, self.recent.as_mut())
-                && let Some(slot) = cfg.member_mut(&name)
+            }
+            // With no supervisor to bring config.json's view up to date, a person reads the
+            // file next.
+            if many
+                && !crate::liveness::supervisor_named(&self.roster.team)
+                && let Err(e) = self.roster.refresh_view()
             {
-                *slot = m;
+                tracing::debug!("config.json's view not brought up to date: {e}");
             }
             return Ok(());
         }
+        let pending = &self.pending;
         let (cfg, ()) = self.roster.update_and_read(|cfg| {
             for p in pending {
                 (p.change)(cfg);

@@ -1,16 +1,12 @@
 //! Starting workers: every member that should run and has none gets one, unless it waits out a
 //! restart delay or config.json cannot record its new incarnation.
 //!
-//! The members due in one pass start together: one durable roster write bumps all their
-//! incarnations before any of their processes exists (each fences an older process), and one
-//! more records their pids once they are forked. A burst of `lead spawn`s then costs two
-//! roster rewrites a pass, not two a member, each of which rewrites the whole roster.
+//! The members due in one pass start together: their incarnations are bumped durably before
+//! any of their processes exists (each fences an older process), and their pids recorded once
+//! they are forked. In a team dir each of those is a write of the member's own record, so a
+//! start costs the same whatever the team's size; on a bus each is one change of the roster.
 
 use super::*;
-
-/// Up to this many members starting in one pass have their records written one by one; more,
-/// and the roster is changed as a whole once.
-const FEW_STARTS: usize = 8;
 
 impl Supervisor {
     /// Starts a worker for every member that should run and has none, unless it waits out a
@@ -53,7 +49,7 @@ impl Supervisor {
         self.start(&due);
     }
 
-    /// Starts a worker for each of `names` (see the module's doc: two roster writes for all).
+    /// Starts a worker for each of `names` (see the module's doc).
     pub(super) fn start(&mut self, names: &[String]) {
         if names.is_empty() {
             return;
@@ -82,20 +78,13 @@ impl Supervisor {
             }
             out
         };
-        // A few starts (the usual pass: one `lead spawn`, one restart) write their members'
-        // records alone; many at once (a team resumed) one change of the whole roster.
-        let bumped = if bump.len() <= FEW_STARTS {
-            let mut out = HashMap::new();
-            bump.iter()
-                .try_for_each(|name| {
-                    self.roster
-                        .write_member(name, false, &mut |one| out.extend(bump_all(one)))
-                        .map(drop)
-                })
-                .map(|()| out)
-        } else {
-            self.roster.update(|cfg| Ok(bump_all(cfg)))
-        };
+        // Each member's record alone (on a bus, one change of the whole roster): a pass of
+        // many starts costs as many record writes, not a read and write of every member.
+        let mut incarnations_of = HashMap::new();
+        let bumped = self
+            .roster
+            .update_members(&bump, &mut |cfg| incarnations_of.extend(bump_all(cfg)))
+            .map(|()| incarnations_of);
         let incarnations = match bumped {
             Ok(i) => i,
             Err(e) => {
