@@ -424,3 +424,72 @@ fn a_team_stop_leaves_no_process_a_command_started() {
         || pids.iter().all(|&p| !alive_pid(p)).then_some(()),
     );
 }
+
+/// A burst of starts (issue 24): hundreds of members made due at once used to exec, set up
+/// their sandboxes and write their first records all together, each start costing more the
+/// larger the team. At most four workers per CPU are in their start at once; the others start
+/// as those report, or once a start's grace (2 s) has run out. Here no worker ever reports (the
+/// program `lead run` starts records its name and sleeps), so the starts come at most that
+/// many in any 2 s, and still every member gets its worker.
+#[test]
+fn a_burst_of_starts_is_let_through_a_few_at_a_time() {
+    use std::os::unix::fs::PermissionsExt;
+    let limit = 4 * std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = limit + 3;
+    let team = Team::new();
+    let started = team.path().join("started");
+    std::fs::create_dir(&started).unwrap();
+    let script = team.path().join("silent-worker");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = --build-id ]; then exec '{}' --build-id; fi\n\
+             while [ $# -gt 0 ]; do [ \"$1\" = --name ] && name=$2; shift; done\n\
+             : > '{}'/\"$name\"\n\
+             exec sleep 120\n",
+            env!("CARGO_BIN_EXE_worker"),
+            started.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let url = "http://127.0.0.1:9";
+    for i in 0..n {
+        spawn(&team, url, &format!("m{i:02}"), "hello");
+    }
+    let mut cmd = lead_cmd(&team, url, &["run", "--stop-timeout", "1"]);
+    cmd.env("TROUPE_WORKER", &script);
+    let lead = support::team::Stopping(
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let count = || std::fs::read_dir(&started).unwrap().count();
+    wait_until(T, "every member to get a worker", || {
+        (count() == n).then_some(())
+    });
+    let mut at: Vec<f64> = troupe::events::read_all(&team.dir)
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "spawn")
+        .filter_map(|e| e["ts"].as_f64())
+        .collect();
+    at.sort_by(f64::total_cmp);
+    assert_eq!(at.len(), n, "one start per member: {at:?}");
+    // Event times are the wall clock, the grace a monotonic one: 1.9 s leaves room for both.
+    for (i, t) in at.iter().enumerate() {
+        let within = at[i..].iter().take_while(|u| **u - t < 1.9).count();
+        assert!(
+            within <= limit,
+            "{within} starts within 1.9 s of the one at {t} (at most {limit}): {at:?}"
+        );
+    }
+    assert!(
+        at[n - 1] - at[0] >= 1.9,
+        "the last {} waited for room: {at:?}",
+        n - limit
+    );
+    drop(lead);
+}

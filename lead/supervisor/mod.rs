@@ -290,6 +290,8 @@ struct Supervisor {
     last_delay: HashMap<String, Duration>,
     /// When each member waiting out a restart delay is due to start.
     restart_at: HashMap<String, Instant>,
+    /// At most this many workers in their start at once ([`policy::start_limit`]).
+    start_limit: usize,
     /// The shutdown request the team stop sent each member, by name.
     stop_requests: HashMap<String, String>,
     /// On a bus: the host whose members this supervisor runs (only those).
@@ -365,6 +367,9 @@ pub fn run(team_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<u8> {
         recent_restarts: HashMap::new(),
         last_delay: HashMap::new(),
         restart_at: HashMap::new(),
+        start_limit: policy::start_limit(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
         stop_requests: HashMap::new(),
         host: lease.as_ref().map(|l| l.host().to_owned()),
         exited,
@@ -750,6 +755,7 @@ impl Supervisor {
             .chain(self.running.values().filter_map(|r| r.kill_at))
             .chain(self.view_due)
             .chain(self.beats_due.filter(|_| !self.running.is_empty()))
+            .chain(self.start_room_at())
             .map(|t| t.saturating_duration_since(now))
             .min()
     }

@@ -11,6 +11,33 @@ pub(super) const NO_RESTART: [i32; 3] = [0, 64, 78];
 /// worth trying again, not giving up on).
 pub(super) const EX_TEMPFAIL: i32 = 75;
 
+/// The longest a worker counts as starting (see [`still_starting`]): one that has not reported
+/// by then (stopped, or stuck in its start) no longer holds back the next starts.
+pub(super) const START_GRACE: Duration = Duration::from_secs(2);
+
+/// At most this many workers of one supervisor are in their start at once: per CPU, four (a
+/// start waits on the disk as much as it computes). Hundreds of members made due in one pass
+/// (`lead spawn` in a loop, a restart of the whole team) otherwise all exec, load, set up their
+/// sandboxes and write their first records at the same moment, and the CPU they take from one
+/// another and from the `lead spawn` calls still coming made a start cost more the larger the
+/// team (issue 24).
+pub(super) fn start_limit(cpus: usize) -> usize {
+    cpus.max(1) * 4
+}
+
+/// Whether a worker started `elapsed` ago still counts as starting: it has not reported its
+/// first state (`reported`: its member's activity, for its own incarnation, is no longer
+/// `starting`) and its grace has not run out.
+pub(super) fn still_starting(elapsed: Duration, reported: bool) -> bool {
+    !reported && elapsed < START_GRACE
+}
+
+/// How many of `due` members may start now, with `starting` of this supervisor's workers still
+/// in their start and at most `limit` at once.
+pub(super) fn start_room(limit: usize, starting: usize, due: usize) -> usize {
+    due.min(limit.saturating_sub(starting))
+}
+
 /// What is known about a worker's exit when the supervisor decides what comes next.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ExitFacts {
@@ -109,6 +136,20 @@ pub(super) fn restart_delay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn starts_wait_for_room_among_the_starting_and_the_stuck_free_theirs() {
+        assert_eq!(start_limit(2), 8);
+        assert_eq!(start_limit(0), 4);
+        assert_eq!(start_room(8, 0, 300), 8);
+        assert_eq!(start_room(8, 5, 300), 3);
+        assert_eq!(start_room(8, 8, 300), 0);
+        assert_eq!(start_room(8, 12, 1), 0);
+        assert_eq!(start_room(8, 2, 1), 1);
+        assert!(still_starting(Duration::from_millis(10), false));
+        assert!(!still_starting(Duration::from_millis(10), true));
+        assert!(!still_starting(START_GRACE, false));
+    }
 
     #[test]
     fn restart_delay_doubles_to_the_cap_and_resets_after_a_healthy_run() {

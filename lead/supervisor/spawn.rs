@@ -46,7 +46,43 @@ impl Supervisor {
             }
             due.push(name);
         }
+        // A bounded number at once (policy::start_limit); the others start as those report
+        // (their records' changes wake this loop) or their grace runs out (a deadline).
+        let room = policy::start_room(self.start_limit, self.starting(), due.len());
+        due.truncate(room);
         self.start(&due);
+    }
+
+    /// This supervisor's workers still in their start (see [`policy::still_starting`]).
+    pub(super) fn starting(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|(name, r)| policy::still_starting(r.started.elapsed(), self.reported(name, r)))
+            .count()
+    }
+
+    /// When the first of the workers still in their start stops counting as starting, if one
+    /// is and starts wait for room.
+    pub(super) fn start_room_at(&self) -> Option<Instant> {
+        if self.starting() < self.start_limit {
+            return None;
+        }
+        self.running
+            .iter()
+            .filter(|(name, r)| policy::still_starting(r.started.elapsed(), self.reported(name, r)))
+            .map(|(_, r)| r.started + policy::START_GRACE)
+            .min()
+    }
+
+    /// Whether the worker `r` of `name` has reported a state of its own: its member's record
+    /// holds its incarnation with an activity other than `starting`.
+    fn reported(&self, name: &str, r: &Running) -> bool {
+        self.view.member(name).is_some_and(|m| {
+            m.incarnation == r.incarnation
+                && m.activity
+                    .as_ref()
+                    .is_some_and(|a| a.state != ActivityState::Starting)
+        })
     }
 
     /// Starts a worker for each of `names` (see the module's doc).
