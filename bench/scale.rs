@@ -58,11 +58,12 @@ pub fn sections(a: &BenchArgs, sizes: &[usize], lead: &Path, scratch: &Path, doc
         if row.get("error").is_none() {
             eprintln!(
                 "scale {n}: spawn calls {} ms, spawn -> all idle {} ms, team stop {} ms \
-                 ({} roster writes in the stop, {} of config.json; supervisor CPU {} ms to idle, {} ms to stop; \
+                 (a file created in the scratch dir in {} us; {} roster writes in the stop, {} of config.json; supervisor CPU {} ms to idle, {} ms to stop; \
                  roster {} bytes, parse {} ms, serialize {} ms, whole update {} ms, one member's {} ms)",
                 row["spawn_calls_ms"],
                 row["all_idle_ms"],
                 row["team_stop_ms"],
+                row["file_create_us"],
                 row["team_stop_roster_rewrites"],
                 row["team_stop_config_rewrites"],
                 row["supervisor_cpu_ms_to_idle"],
@@ -121,6 +122,8 @@ fn ratios(rows: &[(usize, Value)]) -> Value {
 /// One team of `n` members: spawned to idle, then stopped with all of them running.
 fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Result<Value> {
     let root = scratch.join(format!("scale-{n}"));
+    fsutil::create_dir(&root)?;
+    let create_us = create_cost(&root.join("create-probe"))?;
     let team = TeamDir::create(root.join("team"))?;
     let work = root.join("work");
     fsutil::create_dir(&work)?;
@@ -176,6 +179,7 @@ fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Res
         "team_stop_config_rewrites": stop_rewrites.map(|r| r.config),
         "supervisor_cpu_ms_in_stop": stop.cpu_ms.zip(cpu_before).map(|(a, b)| round3(a - b)),
         "worker_processes_left": left,
+        "file_create_us": create_us,
         "idle_roster": roster_costs,
     }))
 }
@@ -219,6 +223,26 @@ fn roster_costs(team: &TeamDir) -> anyhow::Result<Value> {
             Ok(())
         })?,
     }))
+}
+
+/// What creating an empty file in the scratch dir costs before the team starts, in us (the
+/// median of 200 made in `dir`, kept until the scratch is removed: a probe that deleted them
+/// would add to what it measures). Every worker start creates files, so this sets much of a
+/// start's cost: a few us on tmpfs and 20-30 on an ext4 with a journal, and on an ext4
+/// without one (this project's VM) hundreds once many files were deleted there in the last
+/// minutes, the previous bench run's cleanup among them: such a file system passes over
+/// recently freed inodes when it allocates one.
+fn create_cost(dir: &Path) -> anyhow::Result<f64> {
+    fsutil::create_dir(dir)?;
+    let mut v = Vec::with_capacity(200);
+    for i in 0..200 {
+        let t = Instant::now();
+        std::fs::File::create_new(dir.join(format!("f{i}")))
+            .with_context(|| format!("failed to create a file in {}", dir.display()))?;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(round3(v[v.len() / 2]))
 }
 
 /// What [`stop_until_exit`] measured.
