@@ -37,7 +37,7 @@ pub fn inbox(a: &BenchArgs, scratch: &Path, url: &str) -> anyhow::Result<Value> 
     );
     Ok(json!({
         "bus": url,
-        "measured": "as the file bus: writer processes append through the Lua script (one round trip each), the consumer drains on every wake-up (a blocking XREAD, then a read-only XRANGE script and one mark script per batch) into its fsynced journal",
+        "measured": "as the file bus: writer processes append through the Lua script (one round trip each), the consumer drains on every wake-up (a blocking XREAD, then an XRANGE and a GET of the fence, and one mark script per batch) into its fsynced journal",
         "inbox_throughput": throughput,
         "wake_latency": {
             "send_to_woken": wake.send_to_woken,

@@ -21,8 +21,10 @@
 //!   journal's owner lock on a host, the member's epoch across hosts), so no consumer group
 //!   is kept: its pending list made every read a write too (an `XCLAIM` per entry in the
 //!   AOF), where the journal already holds what a read delivered. The read and the mark are
-//!   scripts fenced by the consumer's epoch ([`super::Fence`]): a worker whose member a newer
-//!   incarnation runs (a successor on another host) is refused both, and a batch it read just
+//!   fenced by the consumer's epoch ([`super::Fence`]): the read is an `XRANGE` and then a `GET`
+//!   of the fence in one round trip, checked by the reader, the mark a script that checks it
+//!   on the server. A worker whose member a newer incarnation runs (a successor on another
+//!   host) is refused both, and a batch it read just
 //!   before the successor began is taken out of its journal again when the mark is refused,
 //!   so it is consumed once, by the successor (which reads it: it was not deleted). Crash
 //!   points ([`crate::inbox::DrainPoint`]): killed after the read, or after the journal, the
@@ -83,15 +85,6 @@ return used + len
 "
 );
 
-/// KEYS: fence, stream. ARGV: fence value, start (`-`, or `(ID`: after ID), count. The
-/// consumer's read of the entries not consumed yet, refused to a replaced incarnation; a read
-/// only, so nothing of it reaches the AOF.
-const READ: &str = super::fenced_script!(
-    r"
-return redis.call('XRANGE', KEYS[2], ARGV[2], '+', 'COUNT', ARGV[3])
-"
-);
-
 /// KEYS: fence, stream, consumed offset. ARGV: fence value, the batch's last `o` (0: none),
 /// then the entry ids. Deletes the entries (in slices: Lua's `unpack` is limited) and raises
 /// the consumed offset: run again (a reply lost with the connection), it changes nothing more.
@@ -133,7 +126,6 @@ pub struct RedisInbox {
     cap: u64,
     state: std::sync::Arc<std::sync::Mutex<DrainState>>,
     append: redis::Script,
-    read: redis::Script,
     mark: redis::Script,
 }
 
@@ -164,7 +156,6 @@ impl RedisInbox {
                 marked_at: None,
             })),
             append: redis::Script::new(APPEND),
-            read: redis::Script::new(READ),
             mark: redis::Script::new(MARK),
         }
     }
@@ -308,15 +299,27 @@ impl RedisInbox {
                 Some(id) => format!("({id}"),
                 None => "-".to_owned(),
             };
-            let v: Value = self.with_conn("drain", |c| {
-                self.read
-                    .key(&fence)
-                    .key(&self.stream)
-                    .arg(&fence_value)
+            // The entries, then the fence, in one round trip (reads: nothing of it reaches the
+            // AOF), the fence checked here: still this incarnation's after the XRANGE, it was
+            // before, so the read came before any successor's. Not a script: a script's reply
+            // is every entry copied into Lua and back, which cost more than the rest of the
+            // drain (84 us against 13 for a plain XRANGE of 40 entries).
+            let (v, current): (Value, Option<String>) = self.with_conn("drain", |c| {
+                redis::pipe()
+                    .cmd("XRANGE")
+                    .arg(&self.stream)
                     .arg(&start)
+                    .arg("+")
+                    .arg("COUNT")
                     .arg(BATCH)
-                    .invoke(c)
+                    .cmd("GET")
+                    .arg(&fence)
+                    .query(c)
             })?;
+            if let Some(cur) = current.filter(|cur| !fence_value.is_empty() && *cur != fence_value)
+            {
+                return Err(self.bus.fenced(&cur));
+            }
             let batch = range_fields(&v);
             let n = batch.len();
             if n == 0 {
@@ -652,7 +655,7 @@ mod tests {
                 Value::Array(fields.iter().map(|f| bulk(f)).collect()),
             ])
         };
-        // As the read script returns XRANGE: [entries].
+        // As XRANGE returns them: [entries].
         let reply = Value::Array(vec![
             entry("9-5", &["m", "{}", "o", "120"]),
             entry("10-0", &["m", "x"]),
