@@ -479,7 +479,7 @@ fn a_reactivation_before_the_reap_is_kept() {
         .unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let rid = v["request_id"].as_str().unwrap().to_owned();
-    signal(lead.0.id(), Signal::SIGSTOP);
+    support::team::stop_between_writes(lead.0.id(), &team.dir);
     fake.push(Reply::ok(anthropic_message(
         &format!(
             r#"{{"type":"tool_use","id":"t1","name":"shutdown_response","input":{{"request_id":"{rid}","approve":true}}}}"#

@@ -158,7 +158,7 @@ fn a_rejection_after_the_expiry_is_still_escalated() {
     // Hold the supervisor still, so that its next look at the request comes after the answer
     // (the window of the finding: an answer between `expires_at` and the supervisor's tick).
     let sup_pid = u64::from(sup.0.id());
-    signal(sup_pid, Signal::SIGSTOP);
+    support::team::stop_between_writes(sup.0.id(), &team.dir);
     fake.push(
         tool(
             "shutdown_response",

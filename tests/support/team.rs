@@ -333,3 +333,78 @@ pub fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
         .find(|m| m["name"] == name)
         .unwrap_or_else(|| panic!("no {name} in {status}"))
 }
+
+/// Stops `pid` (a supervisor of `team`) with SIGSTOP at a moment it holds none of the team
+/// dir's short locks (the roster's, a member's, a request's, the events', an inbox's): stopped
+/// inside such a write, it would block the very worker a test then waits for. The locks it
+/// holds for its whole run (`lead.lock`, the journals' owner locks under `transcripts/`) do not
+/// count. Tried again 5 ms later, after a SIGCONT, while it holds one.
+#[allow(dead_code)]
+pub fn stop_between_writes(pid: u32, team: &TeamDir) {
+    use nix::sys::signal::{Signal, kill};
+    use std::os::unix::fs::MetadataExt;
+    let short_locks = || -> std::collections::HashSet<u64> {
+        let mut out = std::collections::HashSet::new();
+        let mut dirs = vec![team.root().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let p = e.path();
+                let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                    continue;
+                };
+                if meta.is_dir() {
+                    if p.file_name()
+                        .is_some_and(|n| n != "transcripts" && n != "worktrees")
+                    {
+                        dirs.push(p);
+                    }
+                } else if p.extension().is_some_and(|x| x == "lock") && p != team.lead_lock() {
+                    out.insert(meta.ino());
+                }
+            }
+        }
+        out
+    };
+    let holds_one = |locks: &std::collections::HashSet<u64>| {
+        std::fs::read_to_string("/proc/locks")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.contains("->"))
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.get(4) == Some(&pid.to_string().as_str())
+                    && f.get(5)
+                        .and_then(|dev_ino| dev_ino.rsplit(':').next())
+                        .and_then(|ino| ino.parse::<u64>().ok())
+                        .is_some_and(|ino| locks.contains(&ino))
+            })
+    };
+    let target = nix::unistd::Pid::from_raw(pid as i32);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        kill(target, Signal::SIGSTOP).unwrap();
+        // A stop is asynchronous: wait until it took effect before looking at the locks.
+        wait_until(Duration::from_secs(10), "the supervisor to stop", || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, r)| r.trim_start().starts_with('T'))
+                })
+                .unwrap_or(true)
+                .then_some(())
+        });
+        if !holds_one(&short_locks()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the supervisor held a short lock at every stop for 30 s"
+        );
+        kill(target, Signal::SIGCONT).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
