@@ -209,8 +209,8 @@ fn row_of(
         .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.min(t))));
     let inbox = AgentName::teammate(&m.name)
         .ok()
-        .and_then(|n| Inbox::new(team, &n).peek().ok())
-        .map_or(0, |v| v.len());
+        .and_then(|n| Inbox::new(team, &n).depth().ok())
+        .map_or(0, |n| n as usize);
     let recent_tools = events
         .iter()
         .filter(|e| e["event"] == "tool" && e["name"] == m.name.as_str())

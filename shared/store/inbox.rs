@@ -180,6 +180,26 @@ impl Inbox {
             .collect())
     }
 
+    /// How many messages wait, without parsing them (`lead top` asks every second): the
+    /// complete non-empty lines after the consumed offset (a bad line counts until a drain sets it
+    /// aside), or on a bus the stream's length.
+    pub fn depth(&self) -> Result<u64> {
+        if let Some(r) = &self.redis {
+            return r.depth();
+        }
+        let Some((lock, file)) = self.open_existing()? else {
+            return Ok(0);
+        };
+        let _guard = fsutil::lock_shared(&lock, &self.lock_path)?;
+        let size = file
+            .metadata()
+            .map_err(Error::io("stat inbox", &self.path))?
+            .len();
+        let buf = read_range(&file, consumed(&self.offset_path, size), size, &self.path)?;
+        let complete = memchr::memrchr(b'\n', &buf).map_or(0, |i| i + 1);
+        Ok(lines(&buf[..complete]).count() as u64)
+    }
+
     /// Bytes not consumed yet: from the consumed offset to the end of the file (0 if it does
     /// not exist).
     pub fn len(&self) -> u64 {
@@ -598,8 +618,10 @@ mod tests {
         inbox.append(&a, Durability::ProcessCrash).unwrap();
         inbox.append(&b, Durability::Sync).unwrap();
         assert_eq!(inbox.peek().unwrap(), vec![a.clone(), b.clone()]);
+        assert_eq!(inbox.depth().unwrap(), 2);
         assert_eq!(inbox.drain(&mut j).unwrap(), vec![a, b]);
         assert!(inbox.is_empty());
+        assert_eq!(inbox.depth().unwrap(), 0);
         assert!(inbox.drain(&mut j).unwrap().is_empty());
         assert_eq!(j.seen_count(), 2);
     }

@@ -244,6 +244,14 @@ impl RedisInbox {
         Ok(top.saturating_sub(done))
     }
 
+    /// How many entries wait (consumed entries are deleted; a batch journaled and not yet
+    /// marked still counts).
+    pub fn depth(&self) -> Result<u64> {
+        self.with_conn("read inbox length", |c| {
+            redis::cmd("XLEN").arg(&self.stream).query::<u64>(c)
+        })
+    }
+
     /// Whether no entry waits (consumed entries are deleted).
     pub fn is_empty(&self) -> Result<bool> {
         self.with_conn("read inbox length", |c| {
