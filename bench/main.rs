@@ -142,6 +142,12 @@ pub struct BenchArgs {
     /// each grew from the first size to the last (issue 24).
     #[arg(long, value_parser = scale::parse_sizes, conflicts_with_all = ["inbox_only", "prompt_cache_only", "sandbox_only", "redis_compare", "team_only"])]
     pub scale: Option<scale::Sizes>,
+    /// With --scale, on an ext4 without a journal only: the longest to wait, in seconds, for
+    /// the scratch dir's file creation to cost what it does on a rested file system (such an
+    /// ext4 passes over inodes freed in the last minutes, a previous run's cleanup among them);
+    /// 0 does not wait.
+    #[arg(long, default_value_t = 360)]
+    pub settle_secs: u64,
     /// Run only the governed-load section (issue 25): 8 teammates x 6 calls against stubs
     /// that limit them (a window of 6 a second, 3 at once, 10 a second with remaining-requests
     /// headers), with the rate governor off, by default and with a cap of 3: 429s and wall time.
@@ -220,7 +226,8 @@ fn run_in(a: &BenchArgs, bus: Option<&str>, scratch: &Path) -> anyhow::Result<Va
         return Ok(doc);
     }
     if let Some(scale::Sizes(sizes)) = &a.scale {
-        doc["settings"] = json!({"scale": sizes, "restart_delay": a.restart_delay});
+        doc["settings"] =
+            json!({"scale": sizes, "restart_delay": a.restart_delay, "settle_secs": a.settle_secs});
         scale::sections(a, sizes, &lead::lead_exe()?, scratch, &mut doc);
         doc["targets"] = json!({"scale": doc["scale"]["ratios"].clone()});
         return Ok(doc);
