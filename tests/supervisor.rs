@@ -467,15 +467,19 @@ fn a_burst_of_starts_is_let_through_a_few_at_a_time() {
             .unwrap(),
     );
     let count = || std::fs::read_dir(&started).unwrap().count();
+    let spawns = || -> Vec<f64> {
+        troupe::events::read_all(&team.dir)
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"] == "spawn")
+            .filter_map(|e| e["ts"].as_f64())
+            .collect()
+    };
+    // A worker can record its name before the supervisor has logged its spawn: wait for both.
     wait_until(T, "every member to get a worker", || {
-        (count() == n).then_some(())
+        (count() == n && spawns().len() >= n).then_some(())
     });
-    let mut at: Vec<f64> = troupe::events::read_all(&team.dir)
-        .unwrap()
-        .iter()
-        .filter(|e| e["event"] == "spawn")
-        .filter_map(|e| e["ts"].as_f64())
-        .collect();
+    let mut at = spawns();
     at.sort_by(f64::total_cmp);
     assert_eq!(at.len(), n, "one start per member: {at:?}");
     // Event times are the wall clock, the grace a monotonic one: 1.9 s leaves room for both.
