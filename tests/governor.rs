@@ -29,12 +29,20 @@ fn out(c: &mut Command) -> Output {
 /// A team of 8 under `lead run EXTRA`, each given one task that takes 6 calls; returns what
 /// the stub saw once all of them are done.
 fn run(limit: Limit, extra: &[&str]) -> Counts {
-    run_watching(limit, extra, &mut |_| ()).0
+    run_watching(limit, extra, LATENCY, &mut |_| ()).0
 }
 
+/// How long the stub takes to answer a call.
+const LATENCY: Duration = Duration::from_millis(100);
+
 /// [`run`], calling `watch` with the team while it waits, and returning the team too.
-fn run_watching(limit: Limit, extra: &[&str], watch: &mut dyn FnMut(&Team)) -> (Counts, Team) {
-    let stub = RateStub::start(limit, Duration::from_millis(100), CALLS - 1);
+fn run_watching(
+    limit: Limit,
+    extra: &[&str],
+    latency: Duration,
+    watch: &mut dyn FnMut(&Team),
+) -> (Counts, Team) {
+    let stub = RateStub::start(limit, latency, CALLS - 1);
     let team = Team::new();
     let url = stub.url();
     let mut file = String::new();
@@ -71,11 +79,14 @@ fn run_watching(limit: Limit, extra: &[&str], watch: &mut dyn FnMut(&Team)) -> (
 
 #[test]
 fn a_cap_of_3_against_a_stub_serving_3_at_once_meets_no_429() {
-    // Members waiting for a slot say so in `lead status` (5 of 8 wait at any time).
+    // Members waiting for a slot say so in `lead status` (5 of 8 wait at any time). A wait
+    // shows once it has lasted 200 ms: calls of 400 ms make the waits two to four times that,
+    // where calls of 100 ms left the longest of them near it and the status could miss them.
     let mut waiting_seen = None;
     let (counts, _team) = run_watching(
         Limit::Concurrent { n: 3 },
         &["--max-concurrent-calls", "3"],
+        Duration::from_millis(400),
         &mut |team| {
             if waiting_seen.is_some() {
                 return;
@@ -116,7 +127,7 @@ fn the_governor_meets_fewer_429s_than_none_against_a_window_limit() {
         window: Duration::from_secs(1),
     };
     let off = run(limit, &["--rate-governor", "off"]);
-    let (on, team) = run_watching(limit, &[], &mut |_| ());
+    let (on, team) = run_watching(limit, &[], LATENCY, &mut |_| ());
     eprintln!("window 6/s: governor off {off:?}, default {on:?}");
     assert!(on.limited * 3 <= off.limited, "off {off:?}, default {on:?}");
     // The lead was told the team is rate limited, once (the run is shorter than a minute).
