@@ -5,7 +5,7 @@
 //! stop; the last size is compared with the first (`ratios`), against the bar of 3.5x
 //! for three times the team.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use troupe::eprintln;
 
@@ -49,7 +49,15 @@ pub fn parse_sizes(s: &str) -> Result<Sizes, String> {
 /// The scale sections into `doc`: one row per size under `scale.sizes`, and the growth of the
 /// last size over the first under `scale.ratios` (also in `targets`).
 pub fn sections(a: &BenchArgs, sizes: &[usize], lead: &Path, scratch: &Path, doc: &mut Value) {
-    let settle = settle(a.settle_secs, scratch);
+    // Every size's dir is made before the settle, which probes each: a team's files go where
+    // its dir went, and another block group of the same file system can be clean or not.
+    let roots: Vec<PathBuf> = sizes.iter().map(|n| size_root(scratch, *n)).collect();
+    for r in &roots {
+        if let Err(e) = fsutil::create_dir(r) {
+            eprintln!("scale: {e}");
+        }
+    }
+    let settle = settle(a.settle_secs, scratch, &roots);
     let mut rows = Vec::new();
     for &n in sizes {
         rows.push((n, section(one_size(a, n, lead, scratch))));
@@ -111,15 +119,20 @@ const SETTLE_PROBE_EVERY: Duration = Duration::from_secs(20);
 /// thousands a previous bench run, or a test suite, removed. A team start creates a dozen
 /// files a member, so that, not troupe, would set the ratios; once the freed inodes have aged
 /// out the file system is as fast as before. Elsewhere nothing is waited for.
-fn settle(max_secs: u64, scratch: &Path) -> Value {
+fn settle(max_secs: u64, scratch: &Path, roots: &[PathBuf]) -> Value {
     let Some(device) = unjournaled_ext4(scratch) else {
         return json!({"unjournaled_ext4": false, "waited_s": 0});
     };
     let t0 = Instant::now();
     let mut probes = 0;
+    // The dearest of the size dirs' creations.
     let mut probe = || -> anyhow::Result<f64> {
         probes += 1;
-        create_cost(&scratch.join(format!("settle-probe-{probes}")))
+        let mut worst: f64 = 0.0;
+        for r in roots {
+            worst = worst.max(create_cost(&r.join(format!("settle-probe-{probes}")))?);
+        }
+        Ok(worst)
     };
     let first = match probe() {
         Ok(us) => us,
@@ -206,9 +219,14 @@ fn ratios(rows: &[(usize, Value)]) -> Value {
     out
 }
 
+/// Where the team of `n` members lives.
+fn size_root(scratch: &Path, n: usize) -> PathBuf {
+    scratch.join(format!("scale-{n}"))
+}
+
 /// One team of `n` members: spawned to idle, then stopped with all of them running.
 fn one_size(a: &BenchArgs, n: usize, lead: &Path, scratch: &Path) -> anyhow::Result<Value> {
-    let root = scratch.join(format!("scale-{n}"));
+    let root = size_root(scratch, n);
     fsutil::create_dir(&root)?;
     let create_us = create_cost(&root.join("create-probe"))?;
     let team = TeamDir::create(root.join("team"))?;
