@@ -128,6 +128,24 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// These limits with no wait ending later than [`crate::llm::gate::MAX_SERVER_WAIT`] from
+    /// `now`: a state learned from an answer that named a far reset (before such resets were
+    /// refused), or written by a host whose clock runs far ahead, holds no member for longer,
+    /// whichever run reads it. An attempt "in flight" since a time after `now` is dropped.
+    pub fn bounded(mut self, now: f64) -> Limits {
+        let latest = now + crate::llm::gate::MAX_SERVER_WAIT.as_secs_f64();
+        for t in [
+            &mut self.cooldown_until,
+            &mut self.reset_at,
+            &mut self.tokens_reset_at,
+            &mut self.halve_after,
+        ] {
+            *t = if t.is_nan() { 0.0 } else { t.min(latest) };
+        }
+        self.in_flight.retain(|&t| t.is_finite() && t <= now + 1.0);
+        self
+    }
+
     /// How long an attempt at `now` must wait first; `None`: it may go.
     pub fn wait(&self, now: f64) -> Option<f64> {
         if self.cooldown_until > now {
@@ -313,10 +331,11 @@ impl Governor {
     fn with_limits<R>(&self, pool: &Pool, f: impl FnOnce(&mut Limits) -> R) -> Option<R> {
         let r = pool.update(|bytes| {
             // A torn or missing state reads as a fresh start.
-            let mut limits: Limits = bytes
+            let before: Limits = bytes
                 .and_then(|b| serde_json::from_slice(b).ok())
                 .unwrap_or_default();
-            let before = limits.clone();
+            // Bounded as read, and written back so (whatever `f` does).
+            let mut limits = before.clone().bounded(fsutil::now());
             let out = f(&mut limits);
             let next = (limits != before)
                 .then(|| serde_json::to_vec(&limits).ok())
@@ -511,6 +530,35 @@ mod tests {
             requests_reset: Some(Duration::from_secs_f64(reset)),
             ..Seen::default()
         }
+    }
+
+    #[test]
+    fn learned_waits_are_bounded_by_an_hour_from_now_whoever_wrote_them() {
+        // A state written before far resets were refused (review 4, R4-8), or by a host whose
+        // clock is years ahead, holds nobody beyond the hour.
+        let far = 32_472_144_000.0;
+        let l = Limits {
+            cooldown_until: far,
+            reset_at: f64::INFINITY,
+            remaining: Some(0),
+            tokens_reset_at: f64::NAN,
+            halve_after: far,
+            in_flight: vec![99.0, far],
+            ..Limits::default()
+        }
+        .bounded(100.0);
+        assert_eq!(l.cooldown_until, 3700.0);
+        assert_eq!(l.reset_at, 3700.0);
+        assert_eq!(l.tokens_reset_at, 0.0);
+        assert_eq!(l.halve_after, 3700.0);
+        assert_eq!(l.in_flight, vec![99.0]);
+        assert_eq!(l.wait(100.0), Some(3600.0));
+        // What is within the hour is kept as it is.
+        let near = Limits {
+            cooldown_until: 160.0,
+            ..Limits::default()
+        };
+        assert_eq!(near.clone().bounded(100.0), near);
     }
 
     #[test]

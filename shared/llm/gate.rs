@@ -76,6 +76,11 @@ pub fn fingerprint(url: &str, key: &str) -> String {
     id[..16].to_owned()
 }
 
+/// The longest wait an answer's headers may set (`retry-after`, or the reset of a limit with
+/// nothing left): one beyond it is not taken, and the governor's learned state never holds a
+/// wait longer than this from now (see [`crate::governor::Limits::bounded`]).
+pub const MAX_SERVER_WAIT: Duration = Duration::from_secs(3600);
+
 /// Reads what the answer `status` with `headers` says; `quota` is the error body's verdict.
 pub fn seen(status: u16, headers: &HeaderMap, quota: bool, now: SystemTime) -> Seen {
     let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -88,12 +93,19 @@ pub fn seen(status: u16, headers: &HeaderMap, quota: bool, now: SystemTime) -> S
         ..Seen::default()
     };
     let num = |name: &str| h(name).and_then(|v| v.trim().parse::<u64>().ok());
+    // A reset further away than a server may make anyone wait (a proxy's placeholder, a clock
+    // far off) is not taken: like a `retry-after` beyond it, it is as if not sent.
     let at = |name: &str| {
         h(name)
             .and_then(parse_rfc3339)
             .map(|t| t.duration_since(now).unwrap_or_default())
+            .filter(|d| *d <= MAX_SERVER_WAIT)
     };
-    let dur = |name: &str| h(name).and_then(parse_go_duration);
+    let dur = |name: &str| {
+        h(name)
+            .and_then(parse_go_duration)
+            .filter(|d| *d <= MAX_SERVER_WAIT)
+    };
     // Requests.
     s.remaining_requests = num("anthropic-ratelimit-requests-remaining")
         .or_else(|| num("x-ratelimit-remaining-requests"));
@@ -135,13 +147,9 @@ pub fn seen(status: u16, headers: &HeaderMap, quota: bool, now: SystemTime) -> S
         .filter(|(r, _)| *r == Some(0))
         .filter_map(|(_, reset)| reset)
         .max();
-        s.wait = super::retry::server_delay(
-            h("retry-after-ms"),
-            h("retry-after"),
-            now,
-            Duration::from_secs(3600),
-        )
-        .or(exhausted);
+        s.wait =
+            super::retry::server_delay(h("retry-after-ms"), h("retry-after"), now, MAX_SERVER_WAIT)
+                .or(exhausted);
     }
     s
 }
@@ -252,6 +260,52 @@ mod tests {
         );
         assert_eq!(t("2026-12-05T02:10:00+01:00"), t("2026-12-05T01:10:00Z"));
         assert_eq!(t("yesterday"), None);
+    }
+
+    #[test]
+    fn a_reset_further_than_an_hour_is_not_taken() {
+        // Review 4, R4-8: one answer naming the year 2999 set the team's cooldown to it.
+        let now = UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        for (remaining, reset, value) in [
+            (
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+                "2999-01-01T00:00:00Z",
+            ),
+            (
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+                "100000h",
+            ),
+            (
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+                "3601s",
+            ),
+        ] {
+            for status in [429, 200] {
+                let s = seen(
+                    status,
+                    &headers(&[(remaining, "0"), (reset, value)]),
+                    false,
+                    now,
+                );
+                assert_eq!(s.requests_reset, None, "{reset}: {value}");
+                assert_eq!(s.tokens_reset, None, "{reset}: {value}");
+                assert!(s.wait.is_none_or(|w| w <= MAX_SERVER_WAIT), "{s:?}");
+            }
+        }
+        // An hour exactly is still taken.
+        let s = seen(
+            429,
+            &headers(&[
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "1h"),
+            ]),
+            false,
+            now,
+        );
+        assert_eq!(s.wait, Some(MAX_SERVER_WAIT));
     }
 
     #[test]
