@@ -37,7 +37,6 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -70,10 +69,6 @@ pub(super) const HIDDEN_ENV: [&str; 10] = [
     "TROUPE_WORKER",
 ];
 
-/// Keepers whose bash has exited but whose background processes may still run, with the
-/// worker's end of their socket: held until the worker exits (which closes it).
-static KEPT: Mutex<Vec<(Child, OwnedFd)>> = Mutex::new(Vec::new());
-
 /// Runs `bash{command}`. A non-zero exit is a normal result ending in `[exit code N]`; a
 /// timeout is an error result with the partial output.
 pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -> ToolOutput {
@@ -89,7 +84,6 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
             MAX_ARG_LEN - 1
         ));
     }
-    reap_kept();
     let (mut keeper, link) = match start_confined(sandbox, wd.root(), Stdio::null(), |tmpdir| {
         Exec::new(command, tmpdir)
     }) {
@@ -107,9 +101,7 @@ pub fn bash(wd: &Workdir, sandbox: &Sandbox, input: &Value, timeout: Duration) -
     let status = report.status;
     if status.is_some() {
         // Bash has exited; its keeper holds what runs on until the worker exits.
-        if let Ok(mut kept) = KEPT.lock() {
-            kept.push((keeper, link));
-        }
+        keep(keeper, link);
     } else {
         // A timeout (or a keeper that died): closing the socket makes the keeper kill all.
         drop(link);
@@ -214,10 +206,24 @@ pub(super) fn end_keeper(keeper: &mut Child) {
     let _ = keeper.wait();
 }
 
-/// Reaps keepers that have exited by themselves (their processes all ended).
-fn reap_kept() {
-    if let Ok(mut kept) = KEPT.lock() {
-        kept.retain_mut(|(keeper, _)| matches!(keeper.try_wait(), Ok(None)));
+/// Keeps a keeper whose bash has exited but whose background processes may still run, with
+/// this process's end of its socket, until it exits by itself (they all ended): a thread of
+/// its own waits for it and reaps it at once, so no `<defunct>` keeper lingers (review 4: the
+/// sandbox probe's keeper stayed a zombie of `lead run` and of every worker until the next
+/// command, if any). The socket stays open as long as the keeper lives, so the keeper still
+/// ends what runs on when this process exits and closes it.
+fn keep(mut keeper: Child, link: OwnedFd) {
+    let spawned = std::thread::Builder::new()
+        .name("keeper-reaper".to_owned())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let _ = keeper.wait();
+            drop(link);
+        });
+    if let Err(e) = spawned {
+        // No thread to spare: the socket closed with the closure tells the keeper to end what
+        // runs on now, rather than leave it unwatched.
+        tracing::warn!("no thread to keep a command's background processes: {e}");
     }
 }
 
