@@ -884,7 +884,6 @@ impl RosterWriter {
     /// changes, an incarnation's bump say, are not applied twice).
     fn write_pending(&mut self) -> Result<()> {
         if let Some(names) = self.members_alone() {
-            let many = names.len() > 1;
             for name in names {
                 let pending = &self.pending;
                 let mine = |p: &&PendingWrite| p.member.as_deref() == Some(name.as_str());
@@ -902,10 +901,10 @@ impl RosterWriter {
                     *slot = m;
                 }
             }
-            // With no supervisor to bring config.json's view up to date, a person reads the
-            // file next.
-            if many
-                && !crate::liveness::supervisor_named(&self.roster.team)
+            // With no supervisor to bring config.json's view up to date (a worker started by
+            // hand on a team dir laid down from DESIGN.md), the writer does: a person or a
+            // script reads the file next.
+            if !crate::liveness::supervisor_named(&self.roster.team)
                 && let Err(e) = self.roster.refresh_view()
             {
                 tracing::debug!("config.json's view not brought up to date: {e}");

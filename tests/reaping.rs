@@ -112,3 +112,48 @@ fn no_child_of_lead_run_or_of_a_worker_stays_defunct() {
         parents[0]
     );
 }
+
+#[test]
+fn a_worker_with_no_supervisor_brings_config_jsons_view_up_to_date() {
+    // A team dir laid down from DESIGN.md, section 6, and a worker started by hand: no lead run.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(".team");
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"team_name":"default","members":[{"name":"alice","role":"coder","status":"spawning","incarnation":1,"restarts":0,"model":"m-mate","require_plan_approval":false}]}"#,
+    )
+    .unwrap();
+    let team = Team {
+        dir: troupe::TeamDir::open(&dir).unwrap(),
+        workdir: tmp.path().to_path_buf(),
+        tmp,
+    };
+    let fake = FakeLlm::start([]).patient(Duration::from_secs(30));
+    fake.push_for("m-mate", Reply::ok(anthropic_text("ready")));
+    let _w = team.worker("alice", &fake.url(), &[("MODEL_ID", "m-mate")]);
+    let view = || -> Option<String> {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(team.dir.config()).ok()?).ok()?;
+        v["members"][0]["status"].as_str().map(str::to_owned)
+    };
+    // The record says idle once alice has started and answered her first turn; the view says
+    // the same by then, without any supervisor.
+    let record = wait_until(T, "alice's record to say idle", || {
+        let r: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(team.dir.root().join("members/alice.json")).ok()?,
+        )
+        .ok()?;
+        (r["status"] == "idle").then_some(r)
+    });
+    let t0 = Instant::now();
+    while view().as_deref() != Some("idle") && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        view().as_deref(),
+        Some("idle"),
+        "config.json still says {:?} 5 s after alice's record said idle ({record})",
+        view()
+    );
+}
