@@ -22,7 +22,8 @@
 //! Once the diff is decided, before anything is written, [`crate::up_trust`] decides whether
 //! the file may be applied without a person's `--accept`: one a teammate could have rewritten
 //! since it was last applied is shown as a diff and refused (exit 5). Prompt files are read
-//! only from under the file's directory.
+//! only from under the file's directory. The hooks of a file so applied that run outside the
+//! sandbox are recorded with it: the supervisor runs no other hook outside.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -674,7 +675,12 @@ pub fn run(team_dir: &Path, a: UpArgs) -> anyhow::Result<u8> {
     let (cfg, tasks, running) = state(team_dir)?;
     let changes = diff(&plan, &cfg, &tasks, a.prune, running).map_err(|r| refusal(r, &a.file))?;
     up_trust::check(team_dir, &cfg, &file, &text, &prompts, a.accept)?;
+    // The hooks it brings that run outside the sandbox are trusted because they passed that
+    // check: recorded where commands cannot reach, before config.json holds them, and the old
+    // ones dropped after (see `up_trust::Record::trust_hooks`).
+    up_trust::Record::trust_hooks(&team, &plan.hooks, true)?;
     let items = apply(&team, &plan, &changes)?;
+    up_trust::Record::trust_hooks(&team, &plan.hooks, false)?;
     up_trust::Record::store(&team, &file, up_trust::applied(&text, &prompts))?;
     report(&items, a.json)?;
     Ok(0)

@@ -13,6 +13,12 @@
 //! are read only from under the team file's directory ([`read_prompt`]), recorded with it, and
 //! a changed one in a writable tree is refused as the file is.
 //!
+//! The record also holds the hooks that run outside the sandbox (`sandbox = false`, and
+//! `request_pending`) as `lead up` last applied them, after this check ([`Record::trust_hooks`]):
+//! the supervisor runs a hook outside only if it is there, so a `config.json` written by
+//! anything but `lead up` cannot make one (review 4, R4-1). The trees members can write are
+//! also what a paging hook may not name ([`member_trees`]).
+//!
 //! The policy is in pure functions ([`tree_of`], [`unconfirmed`], [`line_diff`]); [`check`]
 //! gathers what they need from the file system and the team dir.
 
@@ -28,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use troupe::TeamDir;
 use troupe::config::TeamConfig;
 use troupe::doc::Doc;
+use troupe::hooks::Hook;
 
 use crate::ExitError;
 
@@ -80,6 +87,11 @@ pub struct Applied {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub files: BTreeMap<PathBuf, Applied>,
+    /// The hooks that run outside the sandbox ([`troupe::hooks::runs_outside`]) of the team file
+    /// `lead up` applied last: the only ones the supervisor runs outside it
+    /// ([`troupe::hooks::trusted`]). While a `lead up` replaces them, the old ones and the new.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
 }
 
 impl Record {
@@ -98,6 +110,29 @@ impl Record {
                 return Ok((None, ()));
             }
             rec.files.insert(file.to_path_buf(), applied);
+            let bytes = doc.encode(&rec)?;
+            Ok((Some(bytes), ()))
+        })?;
+        Ok(())
+    }
+
+    /// Records the hooks of `hooks` that run outside the sandbox as applied by `lead up`: added
+    /// to those recorded with `keep` (before config.json is written, so that neither the old
+    /// hooks nor the new ones run sandboxed meanwhile), in their place without it (once it is).
+    pub fn trust_hooks(team: &TeamDir, hooks: &[Hook], keep: bool) -> anyhow::Result<()> {
+        let doc = Record::doc(team);
+        doc.update(|bytes| {
+            let mut rec = Record::parse(bytes.as_deref(), &doc)?;
+            let mut now = if keep { rec.hooks.clone() } else { Vec::new() };
+            for h in hooks.iter().filter(|h| troupe::hooks::runs_outside(h)) {
+                if !now.contains(h) {
+                    now.push(h.clone());
+                }
+            }
+            if rec.hooks == now {
+                return Ok((None, ()));
+            }
+            rec.hooks = now;
             let bytes = doc.encode(&rec)?;
             Ok((Some(bytes), ()))
         })?;
@@ -237,6 +272,33 @@ pub fn writable_trees(team_dir: &Path, cfg: &TeamConfig) -> anyhow::Result<Vec<T
             });
         }
     }
+    Ok(trees)
+}
+
+/// The trees the members' commands of a running team can write: [`writable_trees`], and the
+/// working dir `lead run` gives them (`workdir`), its `--sandbox-write` dirs (`writes`) and the
+/// members' private temp dirs. What a paging hook may not name.
+pub fn member_trees(
+    team_dir: &Path,
+    cfg: &TeamConfig,
+    workdir: &Path,
+    writes: &[PathBuf],
+) -> anyhow::Result<Vec<Tree>> {
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let mut trees = writable_trees(team_dir, cfg)?;
+    trees.push(Tree {
+        path: canon(workdir),
+        what: "the team's working dir".to_owned(),
+    });
+    trees.extend(writes.iter().map(|w| Tree {
+        path: canon(w),
+        what: format!("{}, a --sandbox-write dir", w.display()),
+    }));
+    let euid = nix::unistd::geteuid().as_raw();
+    trees.push(Tree {
+        path: canon(&std::env::temp_dir().join(format!("troupe-{euid}"))),
+        what: "the members' private temp dirs".to_owned(),
+    });
     Ok(trees)
 }
 
@@ -618,6 +680,36 @@ mod tests {
             path: PathBuf::from(p),
             what: what.into(),
         }
+    }
+
+    #[test]
+    fn only_hooks_that_run_outside_are_recorded_and_a_replace_keeps_the_old_meanwhile() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join(".team")).unwrap();
+        let hook = |event: &str, command: &str, sandbox: bool| Hook {
+            event: event.parse().unwrap(),
+            command: command.into(),
+            timeout_secs: None,
+            sandbox,
+        };
+        let old = hook("teammate_idle", "old", false);
+        let page = hook("request_pending", "/usr/bin/pager", true);
+        let gate = hook("task_completed", "cargo test", true);
+        Record::trust_hooks(&team, &[old.clone(), gate.clone()], false).unwrap();
+        assert_eq!(
+            Record::load(&team).unwrap().hooks,
+            std::slice::from_ref(&old)
+        );
+        Record::trust_hooks(&team, &[page.clone(), gate], true).unwrap();
+        assert_eq!(
+            Record::load(&team).unwrap().hooks,
+            [old.clone(), page.clone()]
+        );
+        Record::trust_hooks(&team, std::slice::from_ref(&page), false).unwrap();
+        assert_eq!(Record::load(&team).unwrap().hooks, [page]);
+        // A record written before hooks were recorded reads as none.
+        let r: Record = serde_json::from_str(r#"{"files": {}}"#).unwrap();
+        assert!(r.hooks.is_empty());
     }
 
     #[test]

@@ -510,15 +510,15 @@ fn a_hook_runs_the_models_script_in_the_members_sandbox() {
         team = team.display()
     );
     scene.spawn("alice", false, &[&script]);
-    // The hooks, as a person writes them into config.json (raw JSON: a field the user may
-    // write by hand).
-    let config = team.join("config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
-    cfg["hooks"] = json!([
+    // The hooks, as a person applies them with `lead up` (a `sandbox = false` hook runs
+    // outside only when it came so).
+    let file = scene.tmp.path().join("team.json");
+    let hooks = json!({"hooks": [
         {"event": "teammate_idle", "command": "./check.sh"},
         {"event": "teammate_idle", "command": format!("touch {}", outside.display()), "sandbox": false},
-    ]);
-    std::fs::write(&config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    ]});
+    std::fs::write(&file, hooks.to_string()).unwrap();
+    scene.ok(&["up", file.to_str().unwrap()]);
     scene.run(&[]);
     scene.idle_after("alice", 2);
     let out = scene.repo.join("hook.out");

@@ -252,3 +252,105 @@ fn a_verdict_on_an_earlier_completion_does_not_settle_a_later_one() {
     let docs = std::fs::read_to_string(&log).unwrap();
     assert_eq!(docs.lines().count(), 2, "{docs}");
 }
+
+/// A `task_completed` hook with `command`, run on a task completed by `amy` (no member of the
+/// roster, so a send-back leaves it pending for anyone and tells the lead), under a `lead run`
+/// started with `extra`; `ready` runs once the supervisor is ready, before the completion.
+/// Returns the task's `task_sent_back` events once its verdict is applied.
+fn sent_back_by(command: &str, extra: &[&str], ready: impl FnOnce(&Team)) -> (Team, Vec<Value>) {
+    let team = Team::new();
+    let fake = FakeLlm::start([]);
+    let url = fake.url();
+    let hook = Hook {
+        event: HookEvent::TaskCompleted,
+        command: command.to_owned(),
+        timeout_secs: Some(60),
+        sandbox: true,
+    };
+    Roster::new(&team.dir)
+        .update(move |c| {
+            c.hooks = vec![hook.clone()];
+            Ok(())
+        })
+        .unwrap();
+    let store = TaskStore::new(&team.dir);
+    let a = new_task(&store, "make the suite pass", &[]);
+    let lead = run_lead(&team, &url, extra);
+    wait_until(T, "the supervisor ready", || {
+        std::fs::read_to_string(team.dir.lead_lock())
+            .ok()
+            .filter(|l| l.contains("ready"))
+            .map(|_| ())
+    });
+    ready(&team);
+    store.claim(Some(&a), "amy", 1).unwrap();
+    let t = store
+        .update(&a, "amy", TaskStatus::Completed, Some("done".into()))
+        .unwrap();
+    assert_eq!(t.status, TaskStatus::Completing);
+    wait_until(T, "the verdict", || {
+        (store.get(&a).ok()?.status != TaskStatus::Completing).then_some(())
+    });
+    drop(lead);
+    let t = store.get(&a).unwrap();
+    assert_eq!(
+        t.status,
+        TaskStatus::Pending,
+        "the completion went through: {t:?}"
+    );
+    assert_eq!(hook_runs(&team, &a, "block"), 1);
+    let back = task_events(&team, "task_sent_back", &a);
+    assert_eq!(back.len(), 1, "{back:?}");
+    (team, back)
+}
+
+/// What the lead was told of sent-back task work.
+fn lead_heard(team: &Team) -> String {
+    team.lead_inbox()
+        .iter()
+        .map(|m| m.content.clone())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Review 4, m8: `cargo test --quiet` fails with 101, not 2; the docs' own example let a
+/// failing suite through. Any non-zero exit sends the task back now, with the hook's stderr.
+#[test]
+fn a_completion_hook_exiting_101_sends_the_task_back() {
+    let (team, _) = sent_back_by(
+        "echo 'test result: FAILED. 3 passed; 1 failed' >&2; exit 101",
+        &[],
+        |_| {},
+    );
+    let heard = lead_heard(&team);
+    assert!(heard.contains("test result: FAILED"), "{heard}");
+}
+
+/// A hook naming a program that is not there (sh: 127) is no pass.
+#[test]
+fn a_completion_hook_naming_a_missing_program_sends_the_task_back() {
+    let (team, _) = sent_back_by("no-such-test-runner --quiet", &[], |_| {});
+    let heard = lead_heard(&team);
+    assert!(heard.contains("no-such-test-runner"), "{heard}");
+    assert!(heard.contains("not found"), "{heard}");
+}
+
+/// Review 4, R4-11's second half: a hook that cannot start at all (here its working dir is
+/// gone, so its sandbox cannot be set up in it) sends the task back with the reason.
+#[test]
+fn a_completion_hook_that_cannot_start_sends_the_task_back() {
+    let gone = tempfile::tempdir().unwrap();
+    let wd = gone.path().join("wd");
+    std::fs::create_dir_all(&wd).unwrap();
+    let wd_arg = wd.display().to_string();
+    let (team, _) = sent_back_by("true", &["--workdir", &wd_arg], |_| {
+        std::fs::remove_dir(&wd).unwrap();
+    });
+    let heard = lead_heard(&team);
+    assert!(heard.contains("could not start"), "{heard}");
+    let ran: Vec<Value> = events(&team)
+        .into_iter()
+        .filter(|e| e["event"] == "hook_ran")
+        .collect();
+    assert!(ran[0]["error"].is_string(), "{ran:?}");
+}

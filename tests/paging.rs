@@ -1,6 +1,8 @@
 //! Issue 25's "a person paged": a request pending past `lead run --escalate-after` runs the
 //! team's `request_pending` hooks once, with the request on stdin, and not again when `lead
-//! run` restarts after the hook's record; an answered request pages nobody.
+//! run` restarts after the hook's record; an answered request pages nobody. A paging hook runs
+//! from `/` and may name no file a member can write (see tests/hook_containment.rs), so the
+//! page is written outside the team's trees.
 
 mod support;
 
@@ -50,8 +52,8 @@ fn plan(store: &RequestStore) -> String {
         .request_id
 }
 
-fn pages(team: &Team) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(team.workdir.join("paged.jsonl"))
+fn pages(log: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -61,9 +63,14 @@ fn pages(team: &Team) -> Vec<serde_json::Value> {
 #[test]
 fn a_plan_waiting_past_escalate_after_pages_once_across_a_restart() {
     let team = Team::new();
+    let outside = tempfile::tempdir().unwrap();
+    let log = outside.path().join("paged.jsonl");
     std::fs::write(
         team.workdir.join("team.toml"),
-        "[[hooks]]\nevent = \"request_pending\"\ncommand = \"cat >> paged.jsonl; echo >> paged.jsonl\"\n",
+        format!(
+            "[[hooks]]\nevent = \"request_pending\"\ncommand = \"cat >> {l}; echo >> {l}\"\n",
+            l = log.display()
+        ),
     )
     .unwrap();
     let o = out(&mut lead(&team, "http://127.0.0.1:9", &["up", "team.toml"]));
@@ -76,11 +83,11 @@ fn a_plan_waiting_past_escalate_after_pages_once_across_a_restart() {
         .unwrap();
 
     let sup = supervise(&team);
-    wait_until(T, "the page", || (!pages(&team).is_empty()).then_some(()));
+    wait_until(T, "the page", || (!pages(&log).is_empty()).then_some(()));
     wait_until(T, "the page recorded", || {
         store.get(&waiting).unwrap().paged_at.map(|_| ())
     });
-    let p = &pages(&team)[0];
+    let p = &pages(&log)[0];
     assert_eq!(p["request_id"], waiting.as_str());
     assert_eq!(p["kind"], "plan_approval");
     assert_eq!(p["event"], "request_pending");
@@ -95,7 +102,7 @@ fn a_plan_waiting_past_escalate_after_pages_once_across_a_restart() {
         store.get(&later).unwrap().paged_at.map(|_| ())
     });
     std::thread::sleep(Duration::from_millis(1500));
-    let ids: Vec<String> = pages(&team)
+    let ids: Vec<String> = pages(&log)
         .iter()
         .map(|p| p["request_id"].as_str().unwrap().to_owned())
         .collect();

@@ -162,7 +162,6 @@ fn two_hosts_split_a_team_and_stop_one_at_a_time() {
 /// hook that takes a while, five tasks added from the CLI: five runs, not up to ten.
 #[test]
 fn the_board_hooks_run_on_one_host() {
-    use troupe::hooks::{Hook, HookEvent};
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -171,23 +170,19 @@ fn the_board_hooks_run_on_one_host() {
     let (a, b) = (Host::new(), Host::new());
     let log = scratch.path().join("hook.log");
     let on_bus = bus.team_dir(&a);
-    troupe::config::Roster::new(&on_bus)
-        .update(|c| {
-            c.hooks.push(Hook {
-                event: HookEvent::TaskCreated,
-                command: format!(
-                    "cat >> {}; echo >> {}; sleep 0.6",
-                    log.display(),
-                    log.display()
-                ),
-                timeout_secs: Some(20),
-                // One log for both hosts, outside either's working dir: the count is what
-                // this test is about, not the sandbox.
-                sandbox: false,
-            });
-            Ok(())
-        })
-        .unwrap();
+    // One log for both hosts, outside either's working dir: the count is what this test is
+    // about, not the sandbox (a `sandbox = false` hook runs outside when `lead up` applied it).
+    let file = scratch.path().join("team.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[hooks]]\nevent = \"task_created\"\ncommand = \"cat >> {l}; echo >> {l}; sleep 0.6\"\n\
+             timeout_secs = 20\nsandbox = false\n",
+            l = log.display()
+        ),
+    )
+    .unwrap();
+    ok(&bus.out(&a, &["up", file.to_str().unwrap()]));
     let _sup_a = bus.run(&a, "ha");
     let _sup_b = bus.run(&b, "hb");
     wait_until(T, "both hosts up", || {

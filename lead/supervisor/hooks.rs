@@ -19,6 +19,17 @@
 //! the supervisor's user, in its own process group, with the API key variables removed (its
 //! stderr may go to a model). A stop of the supervisor kills the running one; its event stays
 //! marked for the next start.
+//!
+//! Running outside the sandbox is honoured only for a hook `lead up` applied from a team file
+//! that passed its trust check, as recorded in the team dir ([`troupe::hooks::trusted`]): any
+//! other (a `config.json` written by hand, or by whatever could write it) runs sandboxed, with
+//! a warning and a `hook_sandboxed` event saying why. A paging hook (`request_pending`) so
+//! applied runs as the supervisor's user from `/`, with a PATH of system dirs, and only if its
+//! command names no file a member can write ([`troupe::hooks::paging`]); otherwise it is not
+//! run, and a `hook_refused` event says why.
+//!
+//! A gate's verdict is [`troupe::hooks::outcome`]: only exit 0 passes; a hook that could not
+//! start sends the work back like any other failure, with the reason.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -37,7 +48,7 @@ use serde_json::{Value, json};
 use troupe::TeamDir;
 use troupe::config::{MemberStatus, Roster, TeamConfig};
 use troupe::events;
-use troupe::hooks::{Hook, HookEvent, Outcome, outcome};
+use troupe::hooks::{Exit, Hook, HookEvent, Outcome, outcome};
 use troupe::inbox::Durability;
 use troupe::mail::Stopped;
 use troupe::message::{Message, MessageType};
@@ -48,6 +59,38 @@ use troupe::teamdir::LEAD;
 
 /// The most of a hook's stdout and stderr kept (each); the rest is read and dropped.
 const OUTPUT_CAP: usize = 16 * 1024;
+
+/// The dirs a paging hook's PATH is made of, less any that lies in a member-writable tree.
+const SYSTEM_PATH: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// Variables that make a shell or an interpreter load code from where they point: a paging
+/// hook runs without them (a command that needs one names it: `PYTHONPATH=/opt/p python3 ...`,
+/// which is checked like the rest of the command).
+const LOADER_VARS: [&str; 16] = [
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "BASH_ENV",
+    "ENV",
+    "CDPATH",
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+    "PYTHONHOME",
+    "NODE_PATH",
+    "NODE_OPTIONS",
+    "PERL5LIB",
+    "PERL5OPT",
+    "PERLLIB",
+    "RUBYLIB",
+    "RUBYOPT",
+    "LUA_PATH",
+];
 
 /// The running hook thread.
 pub struct Hooks {
@@ -79,6 +122,7 @@ impl Hooks {
                 sandboxes: Mutex::new(HashMap::new()),
                 roster: Mutex::new(Default::default()),
                 escalate_after,
+                sandboxed_said: Mutex::new(Default::default()),
             };
             runner.run(&wake);
         })?;
@@ -108,6 +152,9 @@ struct Runner {
     roster: Mutex<(troupe::config::RosterSeen, TeamConfig)>,
     /// `lead run --escalate-after`.
     escalate_after: Option<Duration>,
+    /// The hooks whose `sandbox = false` was not honoured, by event and command: warned of once
+    /// per supervisor life, not at every run.
+    sandboxed_said: Mutex<std::collections::HashSet<(HookEvent, String)>>,
 }
 
 type SandboxCache = HashMap<String, (Option<troupe::worktree::Worktree>, Arc<Sandbox>)>;
@@ -118,6 +165,9 @@ struct Place<'a> {
     member: Option<&'a str>,
     worktree: Option<&'a troupe::worktree::Worktree>,
     task: Option<&'a str>,
+    /// A paging hook's PATH (system dirs only), given instead of the supervisor's; the
+    /// [`LOADER_VARS`] are removed with it.
+    path: Option<&'a str>,
 }
 
 /// How a hook's process ended.
@@ -132,7 +182,8 @@ struct Ended {
 /// What one run of a hook came to.
 struct Ran {
     outcome: Outcome,
-    stderr: String,
+    /// What the work is sent back with when it blocks ([`troupe::hooks::reason`]).
+    reason: String,
 }
 
 /// How often requests are looked at for `request_pending` hooks.
@@ -257,6 +308,11 @@ impl Runner {
             .filter(|r| r.paged_at.is_none() && now - r.created_at >= after.as_secs_f64())
             .collect();
         due.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
+        if due.is_empty() {
+            return Ok(());
+        }
+        let applied = self.applied_hooks();
+        let paging = self.paging_places(&cfg);
         for req in due {
             if self.stopped() {
                 return Ok(());
@@ -269,24 +325,45 @@ impl Runner {
             let mut doc = serde_json::to_value(&req)?;
             doc["event"] = json!(HookEvent::RequestPending);
             doc["waited_secs"] = json!(waited);
+            // A page that runs sandboxed (one `lead up` did not apply) finds no team dir.
+            let sandboxed_doc = doc.to_string();
             doc["team_dir"] = json!(self.team.root());
-            let at = Place {
+            let in_workdir = Place {
                 cwd: &self.workdir,
                 member: None,
                 worktree: None,
                 task: None,
+                path: None,
+            };
+            let from_root = Place {
+                cwd: Path::new("/"),
+                path: Some(paging.path.as_str()),
+                ..in_workdir
             };
             for hook in cfg
                 .hooks
                 .iter()
                 .filter(|h| h.event == HookEvent::RequestPending)
             {
-                // Outside the sandbox whatever the hook says: it pages a person.
-                let hook = Hook {
-                    sandbox: false,
-                    ..hook.clone()
+                let ran = if !troupe::hooks::trusted(hook, &applied) {
+                    self.sandboxed(hook);
+                    let hook = Hook {
+                        sandbox: true,
+                        ..hook.clone()
+                    };
+                    self.run_one(&hook, &sandboxed_doc, &in_workdir)
+                } else if let Some(why) = paging.refusal(&hook.command) {
+                    self.refused(hook, &req.request_id, &why);
+                    continue;
+                } else {
+                    // Outside the sandbox whatever the hook says: it pages a person.
+                    let hook = Hook {
+                        sandbox: false,
+                        ..hook.clone()
+                    };
+                    self.run_one(&hook, &doc.to_string(), &from_root)
                 };
-                if self.run_one(&hook, &doc.to_string(), &at).is_none() {
+                if ran.is_none() {
                     // Stopped meanwhile: the request is paged by the next start.
                     return Ok(());
                 }
@@ -360,7 +437,7 @@ impl Runner {
             return Ok(());
         };
         let passed = ran.outcome != Outcome::Block;
-        let why = format!("refused by a task_created hook: {}", ran.stderr.trim());
+        let why = format!("refused by a task_created hook: {}", ran.reason);
         let Some(task) = self.store.settle_created(&t.id, passed, &why)? else {
             return Ok(());
         };
@@ -375,9 +452,7 @@ impl Runner {
                 &format!("hook:task_created:{}", t.id),
                 format!(
                     "The task_created hook refused task {} ({}); it is cancelled. The hook said:\n{}",
-                    t.id,
-                    t.subject,
-                    ran.stderr.trim()
+                    t.id, t.subject, ran.reason
                 ),
             );
         }
@@ -419,7 +494,7 @@ impl Runner {
             }
             return Ok(());
         }
-        let said = ran.stderr.trim();
+        let said = ran.reason.as_str();
         send_task_back(
             &self.team,
             &self.store,
@@ -462,7 +537,7 @@ impl Runner {
                 &format!("hook:teammate_idle:{name}:{calls}"),
                 format!(
                     "A teammate_idle hook says you are not done yet:\n{}",
-                    ran.stderr.trim()
+                    ran.reason
                 ),
             );
         }
@@ -496,22 +571,117 @@ impl Runner {
             member,
             worktree: worktree.as_ref(),
             task,
+            path: None,
         };
-        for hook in cfg.hooks.iter().filter(|h| h.event == event) {
+        let hooks: Vec<&Hook> = cfg.hooks.iter().filter(|h| h.event == event).collect();
+        let applied = if hooks.iter().any(|h| troupe::hooks::runs_outside(h)) {
+            self.applied_hooks()
+        } else {
+            Vec::new()
+        };
+        for hook in hooks {
+            let hook = if troupe::hooks::trusted(hook, &applied) {
+                hook.clone()
+            } else {
+                self.sandboxed(hook);
+                Hook {
+                    sandbox: true,
+                    ..hook.clone()
+                }
+            };
             let mut doc = doc.clone();
             // Only a hook outside the sandbox can reach the team dir.
             if !hook.sandbox {
                 doc["team_dir"] = json!(self.team.root());
             }
-            let ran = self.run_one(hook, &doc.to_string(), &at)?;
+            let ran = self.run_one(&hook, &doc.to_string(), &at)?;
             if ran.outcome == Outcome::Block {
                 return Some(ran);
             }
         }
         Some(Ran {
             outcome: Outcome::Proceed,
-            stderr: String::new(),
+            reason: String::new(),
         })
+    }
+
+    /// The hooks `lead up` last applied that run outside the sandbox, as its record in the team
+    /// dir says; none while that record cannot be read (then every hook runs sandboxed).
+    fn applied_hooks(&self) -> Vec<Hook> {
+        match crate::up_trust::Record::load(&self.team) {
+            Ok(r) => r.hooks,
+            Err(e) => {
+                tracing::warn!(
+                    "hooks: the record of what `lead up` applied cannot be read ({e:#}): every \
+                     hook runs sandboxed"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Says (once per supervisor life) that `hook`, which asks to run outside the sandbox, runs
+    /// in it: no team file `lead up` applied holds it.
+    fn sandboxed(&self, hook: &Hook) {
+        let first = self
+            .sandboxed_said
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((hook.event, hook.command.clone()));
+        if !first {
+            return;
+        }
+        let why = "it is not a hook `lead up` applied from a team file, so it runs in the \
+                   sandbox: outside it runs only what a person applied with `lead up FILE`";
+        tracing::warn!("hook {:?} on {}: {why}", hook.command, hook.event);
+        events::log(
+            &self.team,
+            "hook_sandboxed",
+            json!({"hook": hook.event, "command": hook.command, "why": why}),
+        );
+    }
+
+    /// Says that paging hook `hook` is not run for request `request_id`, and why.
+    fn refused(&self, hook: &Hook, request_id: &str, why: &str) {
+        let why = format!(
+            "{why}: a paging hook runs as your user from /, with a PATH of system dirs, and must \
+             name no file a teammate's commands can write (give its program by an absolute \
+             path outside those trees)"
+        );
+        tracing::warn!("request_pending hook {:?} not run: {why}", hook.command);
+        events::log(
+            &self.team,
+            "hook_refused",
+            json!({
+                "hook": hook.event, "command": hook.command, "request_id": request_id,
+                "why": why,
+            }),
+        );
+    }
+
+    /// What the paging hooks of roster `cfg` are checked against: the trees the members'
+    /// commands can write, and the PATH they get.
+    fn paging_places(&self, cfg: &TeamConfig) -> Paging {
+        let trees = crate::up_trust::member_trees(
+            self.team.root(),
+            cfg,
+            &self.workdir,
+            &self.sandbox.write,
+        )
+        .map_err(|e| format!("the trees teammates can write cannot be told ({e:#})"));
+        let dirs: Vec<&str> = SYSTEM_PATH
+            .into_iter()
+            .filter(|d| {
+                trees
+                    .as_ref()
+                    .is_ok_and(|t| crate::up_trust::locate(Path::new(d), t).is_none())
+            })
+            .collect();
+        Paging {
+            trees,
+            path: dirs.join(":"),
+            home: std::env::var_os("HOME").map(PathBuf::from),
+        }
     }
 
     fn run_one(&self, hook: &Hook, input: &str, at: &Place<'_>) -> Option<Ran> {
@@ -521,53 +691,63 @@ impl Runner {
         } else {
             self.run_unsandboxed(hook, input, at)
         };
-        let ended = match ended? {
-            Ok(e) => e,
-            Err(why) => {
-                self.log(hook, at, json!({"error": why}), started);
-                tracing::warn!("hook {:?} on {} not run: {why}", hook.command, hook.event);
-                return Some(Ran {
-                    outcome: Outcome::Ignored,
-                    stderr: String::new(),
+        let (exit, stderr, mut fields) = match ended? {
+            Ok(e) => {
+                let code = if e.timed_out { None } else { e.code };
+                let exit = match (e.timed_out, code, e.signal) {
+                    (true, ..) => Exit::TimedOut(hook.timeout()),
+                    (false, Some(c), _) => Exit::Code(c),
+                    (false, None, Some(sig)) => Exit::Signal(sig),
+                    (false, None, None) => {
+                        Exit::NotStarted("its exit status could not be read".to_owned())
+                    }
+                };
+                let fields = json!({
+                    "code": code,
+                    "signal": e.signal,
+                    "timed_out": e.timed_out,
+                    "stdout_bytes": e.stdout_bytes,
                 });
+                (exit, e.stderr, fields)
             }
+            Err(why) => (
+                Exit::NotStarted(why.clone()),
+                String::new(),
+                json!({"error": why}),
+            ),
         };
-        let code = if ended.timed_out { None } else { ended.code };
-        let result = outcome(code);
-        let tail: String = ended.stderr.chars().take(2000).collect();
-        self.log(
-            hook,
-            at,
-            json!({
-                "code": code,
-                "signal": ended.signal,
-                "timed_out": ended.timed_out,
-                "sandbox": hook.sandbox,
-                "outcome": match result {
-                    Outcome::Proceed => "proceed",
-                    Outcome::Block => "block",
-                    Outcome::Ignored => "ignored",
-                },
-                "stderr": tail,
-                "stdout_bytes": ended.stdout_bytes,
-            }),
-            started,
-        );
-        if result == Outcome::Ignored {
+        let result = outcome(&exit);
+        let reason = troupe::hooks::reason(&exit, &stderr);
+        // A page's exit only says whether the page went out.
+        let said = match (hook.event.gates(), result) {
+            (true, r) => r.as_str(),
+            (false, Outcome::Proceed) => "paged",
+            (false, Outcome::Block) => "failed",
+        };
+        let tail: String = stderr.chars().take(2000).collect();
+        if let Value::Object(f) = &mut fields {
+            f.insert("sandbox".into(), json!(hook.sandbox));
+            f.insert("outcome".into(), json!(said));
+            f.insert("stderr".into(), json!(tail));
+        }
+        self.log(hook, at, fields, started);
+        // A plain exit of a gate is its verdict; anything else is worth a line in the log.
+        if !matches!(exit, Exit::Code(_)) || (!hook.event.gates() && result == Outcome::Block) {
+            let then = if hook.event.gates() {
+                "the work is sent back"
+            } else {
+                "nobody was paged by it"
+            };
             tracing::warn!(
-                "hook {:?} on {} exited {}; ignored",
+                "hook {:?} on {}: {}; {then}",
                 hook.command,
                 hook.event,
-                if ended.timed_out {
-                    format!("after its {} s timeout", hook.timeout().as_secs())
-                } else {
-                    code.map_or("on a signal".to_owned(), |c| format!("with {c}"))
-                }
+                reason.lines().next().unwrap_or_default()
             );
         }
         Some(Ran {
             outcome: result,
-            stderr: ended.stderr,
+            reason,
         })
     }
 
@@ -648,7 +828,8 @@ impl Runner {
         at: &Place<'_>,
     ) -> Option<Result<Ended, String>> {
         let started = Instant::now();
-        let mut cmd = Command::new("sh");
+        // The system's shell, not one a PATH entry could put first.
+        let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(&hook.command)
             .current_dir(at.cwd)
@@ -676,6 +857,12 @@ impl Runner {
         }
         if let Some(t) = at.task {
             cmd.env("TROUPE_TASK_ID", t);
+        }
+        if let Some(path) = at.path {
+            cmd.env("PATH", path);
+            for v in LOADER_VARS {
+                cmd.env_remove(v);
+            }
         }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
@@ -737,6 +924,41 @@ impl Runner {
             f.extend(m);
         }
         events::log(&self.team, "hook_ran", fields);
+    }
+}
+
+/// What a paging hook's command is checked against ([`troupe::hooks::paging::refusal`]).
+struct Paging {
+    /// The trees the members' commands can write (an error: they cannot be told, and every
+    /// paging hook is refused).
+    trees: Result<Vec<crate::up_trust::Tree>, String>,
+    /// The PATH it gets: [`SYSTEM_PATH`] less any dir in one of the trees.
+    path: String,
+    home: Option<PathBuf>,
+}
+
+impl Paging {
+    /// Why `command` may not run as a paging hook, if it may not.
+    fn refusal(&self, command: &str) -> Option<String> {
+        let trees = match &self.trees {
+            Ok(t) => t,
+            Err(e) => return Some(e.clone()),
+        };
+        let writable = |p: &Path| crate::up_trust::locate(p, trees).map(|t| t.what);
+        let on_path = |name: &str| {
+            self.path
+                .split(':')
+                .map(|d| Path::new(d).join(name))
+                .find(|p| p.is_file())
+        };
+        troupe::hooks::paging::refusal(
+            command,
+            &troupe::hooks::paging::Places {
+                writable: &writable,
+                on_path: &on_path,
+                home: self.home.as_deref(),
+            },
+        )
     }
 }
 
