@@ -21,6 +21,7 @@ use troupe::agent::lead::{Lead, LeadSettings, Next, Shown, TurnEnd};
 use troupe::llm::{self, LlmError, Provider};
 use troupe::message::Message;
 use troupe::sandbox::Sandbox;
+use troupe::term_text;
 use troupe::tools;
 use troupe::wait::{InboxWaiter, Signals, Wake};
 use troupe::{AgentName, TeamDir};
@@ -174,7 +175,7 @@ pub fn run(team_dir: &Path, a: ChatArgs) -> anyhow::Result<u8> {
     let provider = match env.provider() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("lead: {e}");
+            eprintln!("lead: {}", term_text::lines(&e.to_string()));
             return Ok(e.exit_code());
         }
     };
@@ -229,10 +230,11 @@ fn spend_line(team: &TeamDir, lead: &Lead) -> String {
     )
 }
 
-/// Prints what the lead did: its text on stdout, tool calls and arrivals on stderr.
+/// Prints what the lead did: its text on stdout, tool calls and arrivals on stderr. All of it
+/// is a model's text: escaped for the terminal ([`troupe::term_text`]).
 pub fn print_shown(s: Shown<'_>) {
     match s {
-        Shown::Text(t) => println!("{}", t.trim_end()),
+        Shown::Text(t) => println!("{}", term_text::lines(t.trim_end())),
         Shown::Inbox(batch) => {
             for m in batch {
                 eprintln!("  [inbox] {}", one_line(&render_message(m), 160));
@@ -246,28 +248,30 @@ pub fn print_shown(s: Shown<'_>) {
     }
 }
 
-/// `[tool] detail -> first line of the result` on one line.
+/// `[tool] detail -> first line of the result` on one line, escaped for the terminal.
 pub fn describe_tool(
     name: &str,
     input: &serde_json::Value,
     output: &troupe::tools::ToolOutput,
 ) -> String {
-    format!(
+    let line = format!(
         "[{name}] {} -> {}{}",
         tools::describe_call(name, input),
         if output.is_error { "error: " } else { "" },
         one_line(&output.content, 120)
-    )
+    );
+    term_text::line(&line).into_owned()
 }
 
-/// The first line of `s`, cut to `max` characters.
+/// The first line of `s`, cut to `max` characters, escaped for the terminal.
 pub fn one_line(s: &str, max: usize) -> String {
     let first = s.lines().next().unwrap_or("");
-    if first.chars().count() > max || s.lines().nth(1).is_some() {
+    let cut = if first.chars().count() > max || s.lines().nth(1).is_some() {
         format!("{}...", first.chars().take(max).collect::<String>())
     } else {
         first.to_owned()
-    }
+    };
+    term_text::line(&cut).into_owned()
 }
 
 /// One prompt, then turns whenever the team has something for the lead, until the team is
@@ -285,7 +289,7 @@ pub fn unattended(
             TurnEnd::Done => {}
             TurnEnd::Interrupted => return Ok(EXIT_INTERRUPTED),
             TurnEnd::Llm(e) => {
-                eprintln!("lead: {e}");
+                eprintln!("lead: {}", term_text::lines(&e.to_string()));
                 return Ok(e.exit_code());
             }
         }
@@ -359,7 +363,7 @@ fn repl(lead: &mut Lead, team: &TeamDir, signals: &Signals) -> anyhow::Result<u8
                 // Clear the prompt line, show the messages, prompt again.
                 print!("\r\x1b[2K");
                 for m in &arrived {
-                    println!("[inbox] {}", render_message(m));
+                    println!("[inbox] {}", term_text::lines(&render_message(m)));
                 }
                 prompt();
             }
@@ -408,17 +412,19 @@ fn command(lead: &mut Lead, team: &TeamDir, line: &str) -> anyhow::Result<Step> 
                 println!("(no unread messages)");
             }
             for m in &waiting {
-                println!("{}", render_message(m));
+                println!("{}", term_text::lines(&render_message(m)));
             }
         }
-        cmd if cmd.starts_with('/') => println!("unknown command {cmd}; /help lists them"),
+        cmd if cmd.starts_with('/') => {
+            println!("unknown command {}; /help lists them", term_text::line(cmd))
+        }
         text => {
             lead.say(text)?;
             match lead.turn(&mut |s| match s {
-                Shown::Text(t) => println!("lead: {}", t.trim_end()),
+                Shown::Text(t) => println!("lead: {}", term_text::lines(t.trim_end())),
                 Shown::Inbox(batch) => {
                     for m in batch {
-                        println!("[inbox] {}", render_message(m));
+                        println!("[inbox] {}", term_text::lines(&render_message(m)));
                     }
                 }
                 Shown::Tool {
@@ -430,7 +436,7 @@ fn command(lead: &mut Lead, team: &TeamDir, line: &str) -> anyhow::Result<Step> 
                 TurnEnd::Done => {}
                 TurnEnd::Interrupted => return Ok(Step::Interrupted),
                 TurnEnd::Llm(e) => {
-                    eprintln!("lead: {e}");
+                    eprintln!("lead: {}", term_text::lines(&e.to_string()));
                     if e.exit_code() == 78 {
                         return Ok(Step::Failed(78));
                     }

@@ -13,6 +13,7 @@ use troupe::liveness;
 use troupe::message::Message;
 use troupe::ops::{self, SpawnSpec};
 use troupe::requests::{RequestStatus, RequestStore};
+use troupe::term_text;
 use troupe::transcript::Journal;
 use troupe::{AgentName, TeamDir};
 
@@ -74,6 +75,8 @@ pub fn parse_usd(s: &str) -> Result<f64, String> {
 pub fn spawn(team_dir: &std::path::Path, a: SpawnArgs) -> anyhow::Result<u8> {
     // Validate before touching anything.
     AgentName::teammate(&a.name)?;
+    term_text::check_one_line("--role", &a.role)
+        .map_err(|message| crate::ExitError { code: 2, message })?;
     let prompt = match (a.prompt, a.prompt_file) {
         (Some(p), _) => p,
         (None, Some(f)) => std::fs::read_to_string(&f)
@@ -212,7 +215,10 @@ pub fn inbox(team: &TeamDir, a: InboxArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string(&msgs)?);
     } else {
         for m in &msgs {
-            println!("{}", troupe::agent::conversation::render_message(m));
+            println!(
+                "{}",
+                term_text::lines(&troupe::agent::conversation::render_message(m))
+            );
         }
     }
     Ok(0)
@@ -320,7 +326,8 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
         // Every token billed: input, output, cache writes and reads (what --budget-tokens counts).
         let tokens = troupe::cost::total_tokens(&m.usage);
         let p = pending_of(&m.name);
-        println!(
+        // The role, the reason and what it is doing come from files a model can fill.
+        let row = format!(
             "{:<16} {:<12} {:<9} {:>7} {:>4} {:>8} {:<9} {:>10} {:>9} {:>5}  {:<9} {}{}",
             m.name,
             m.role,
@@ -344,6 +351,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                 .as_ref()
                 .map_or(String::new(), |r| format!("  ({r})")),
         );
+        println!("{}", term_text::line(&row));
     }
     // The team's spend: every member plus the LLM lead, and the budgets.
     let t = troupe::cost::team_spend(&cfg);
@@ -378,7 +386,10 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             ));
         }
         if !b.is_empty() {
-            println!("budget of {}: {}", m.name, b.join(", "));
+            println!(
+                "{}",
+                term_text::line(&format!("budget of {}: {}", m.name, b.join(", ")))
+            );
         }
     }
     // Each worktree: its branch and whether it has uncommitted changes.
@@ -394,10 +405,13 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
             .map(|e| format!("; merge queue: {}", troupe::merge::describe(e)))
             .unwrap_or_default();
         println!(
-            "worktree of {}: {} on {}, {state}{queue}",
-            m.name,
-            w.path.display(),
-            w.branch
+            "{}",
+            term_text::line(&format!(
+                "worktree of {}: {} on {}, {state}{queue}",
+                m.name,
+                w.path.display(),
+                w.branch
+            ))
         );
     }
     // The sandbox of each member's tools, as its process found it; members alike on one line.
@@ -417,7 +431,10 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
         println!();
     }
     for (d, names) in lines {
-        println!("sandbox of {}: {d}", names.join(", "));
+        println!(
+            "{}",
+            term_text::line(&format!("sandbox of {}: {d}", names.join(", ")))
+        );
     }
     Ok(0)
 }
@@ -510,8 +527,9 @@ pub fn requests(team: &TeamDir, a: RequestsArgs) -> anyhow::Result<u8> {
             .and_then(Value::as_str)
             .unwrap_or("")
             .replace('\n', " ");
-        let detail: String = detail.chars().take(60).collect();
-        println!(
+        // Escaped before it is cut, so that the column keeps its width.
+        let detail: String = term_text::line(&detail).chars().take(60).collect();
+        let row = format!(
             "{:<9} {:<14} {:<16} {:<16} {:<9}  {detail}",
             r.request_id,
             r.kind.to_string(),
@@ -519,6 +537,7 @@ pub fn requests(team: &TeamDir, a: RequestsArgs) -> anyhow::Result<u8> {
             r.to,
             r.status.to_string()
         );
+        println!("{}", term_text::line(&row));
     }
     Ok(0)
 }
@@ -581,7 +600,7 @@ pub fn shutdown(team: &TeamDir, a: ShutdownArgs) -> anyhow::Result<u8> {
                 eprintln!(
                     "lead: {} rejected the shutdown: {}",
                     a.name,
-                    r.response_text().unwrap_or("no reason given")
+                    term_text::lines(r.response_text().unwrap_or("no reason given"))
                 );
                 return Ok(5);
             }

@@ -148,7 +148,8 @@ fn main() -> ExitCode {
         // The reader of the output went away (`lead logs NAME | head`): a quiet end.
         Err(e) if troupe::out::is_broken_pipe(&e) => ExitCode::from(troupe::out::EXIT_PIPE),
         Err(e) => {
-            eprintln!("lead: {e:#}");
+            // An error may quote what it was given (a name, a file's text): escaped.
+            eprintln!("lead: {}", troupe::term_text::lines(&format!("{e:#}")));
             ExitCode::from(exit_code(&e))
         }
     }

@@ -47,7 +47,8 @@ pub fn merge(team: &TeamDir, a: MergeArgs) -> anyhow::Result<u8> {
             "ID", "MEMBER", "TASK", "COMMIT", "TRIES"
         );
         for e in &all {
-            println!(
+            // An entry's file can be written by hand, and its report quotes a check's output.
+            let row = format!(
                 "{:<8}  {:<12} {:<9} {:<8} {:<7}  {}{}",
                 e.id,
                 e.member,
@@ -60,6 +61,7 @@ pub fn merge(team: &TeamDir, a: MergeArgs) -> anyhow::Result<u8> {
                     .map(|r| format!(": {}", r.lines().next().unwrap_or_default()))
                     .unwrap_or_default()
             );
+            println!("{}", troupe::term_text::line(&row));
         }
         return Ok(0);
     }
@@ -103,11 +105,14 @@ pub fn merge(team: &TeamDir, a: MergeArgs) -> anyhow::Result<u8> {
         println!("{}", json!({"result": verb, "entry": entry}));
     } else {
         println!(
-            "{} {} ({} at {})",
-            verb,
-            entry.id,
-            entry.branch,
-            troupe::merge::short(&entry.commit)
+            "{}",
+            troupe::term_text::line(&format!(
+                "{} {} ({} at {})",
+                verb,
+                entry.id,
+                entry.branch,
+                troupe::merge::short(&entry.commit)
+            ))
         );
     }
     Ok(0)

@@ -9,6 +9,7 @@ use serde_json::json;
 use troupe::config::Roster;
 use troupe::tasks::{NewTask, Task, TaskStatus, TaskStore};
 use troupe::teamdir::LEAD;
+use troupe::term_text;
 use troupe::{AgentName, TeamDir};
 
 #[derive(Debug, clap::Args)]
@@ -130,14 +131,18 @@ pub(crate) fn table(tasks: &[Task]) {
         } else {
             t.blocked_by.join(",")
         };
-        let subject: String = t.subject.replace('\n', " ").chars().take(60).collect();
-        println!(
+        // A subject is the model's text: escaped before it is cut, so the column keeps its
+        // width; the whole row too, since a task file anyone can write gives the rest.
+        let subject = t.subject.replace('\n', " ");
+        let subject: String = term_text::line(&subject).chars().take(60).collect();
+        let row = format!(
             "{:<9} {:<12} {:<16} {:<18}  {subject}",
             t.id,
             t.status.as_str(),
             t.owner.as_deref().unwrap_or("-"),
             blocked,
         );
+        println!("{}", term_text::line(&row));
     }
 }
 
@@ -152,22 +157,25 @@ fn show(team: &TeamDir, a: IdArgs) -> anyhow::Result<u8> {
         (Some(o), Some(i)) => format!("{o} (incarnation {i})"),
         (o, _) => dash(o.as_deref()),
     };
-    println!("id:          {}", t.id);
-    println!("subject:     {}", t.subject);
+    // Every field is read from the task's file; subject, description and result are a
+    // model's text.
+    let line = |s: &str| term_text::line(s).into_owned();
+    println!("id:          {}", line(&t.id));
+    println!("subject:     {}", line(&t.subject));
     println!("status:      {}", t.status);
     if t.created_hook_pending {
         println!("hooks:       waits for the task_created hooks");
     }
-    println!("owner:       {owner}");
+    println!("owner:       {}", line(&owner));
     println!(
         "blocked_by:  {}",
         if t.blocked_by.is_empty() {
             "-".to_owned()
         } else {
-            t.blocked_by.join(", ")
+            line(&t.blocked_by.join(", "))
         }
     );
-    println!("created_by:  {}", t.created_by);
+    println!("created_by:  {}", line(&t.created_by));
     println!("created_at:  {:.3}", t.created_at);
     println!("updated_at:  {:.3}", t.updated_at);
     if let Some(c) = t.completed_at {
@@ -177,10 +185,10 @@ fn show(team: &TeamDir, a: IdArgs) -> anyhow::Result<u8> {
         println!("completions: {}", t.completion);
     }
     if !t.description.is_empty() {
-        println!("description:\n{}", t.description);
+        println!("description:\n{}", term_text::lines(&t.description));
     }
     if let Some(r) = &t.result {
-        println!("result:\n{r}");
+        println!("result:\n{}", term_text::lines(r));
     }
     Ok(0)
 }
@@ -200,7 +208,7 @@ fn cancel(team: &TeamDir, a: CancelArgs) -> anyhow::Result<u8> {
         println!("{}", json!({ "cancelled": done }));
     } else {
         for t in &done {
-            println!("{} cancelled", t.id);
+            println!("{} cancelled", term_text::line(&t.id));
         }
     }
     Ok(0)

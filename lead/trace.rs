@@ -344,7 +344,8 @@ pub fn chrome(s: &Spans) -> Value {
 }
 
 /// The spans as text: per track, each activation with the calls inside it, times in seconds
-/// from the trace's start.
+/// from the trace's start. Names and previews come from journals a model wrote (a tool name, a
+/// message's text): each line is escaped for the terminal ([`troupe::term_text`]).
 pub fn render_text(s: &Spans) -> String {
     let t0 = s
         .activations
@@ -356,7 +357,7 @@ pub fn render_text(s: &Spans) -> String {
     let t0 = if t0.is_finite() { t0 } else { 0.0 };
     let mut out = String::new();
     for (t, name) in s.tracks.iter().enumerate() {
-        out.push_str(name);
+        out.push_str(&troupe::term_text::line(name));
         out.push('\n');
         let mut rows: Vec<(f64, u8, String)> = Vec::new();
         for a in s.activations.iter().filter(|a| a.track == t) {
@@ -387,7 +388,7 @@ pub fn render_text(s: &Spans) -> String {
         }
         rows.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for (_, _, r) in rows {
-            out.push_str(&r);
+            out.push_str(&troupe::term_text::line(&r));
             out.push('\n');
         }
     }

@@ -140,7 +140,7 @@ pub fn since(s: &str, now: f64) -> anyhow::Result<f64> {
 }
 
 /// One event as a line: its time (UTC), its kind, the member it is about, then its other
-/// fields as `key=value`.
+/// fields as `key=value`, with control characters escaped ([`troupe::term_text`]).
 pub fn line(ev: &Value) -> String {
     let ts = ev["ts"].as_f64().unwrap_or(0.0);
     let kind = ev["event"].as_str().unwrap_or("?");
@@ -162,7 +162,9 @@ pub fn line(ev: &Value) -> String {
             s.push_str(&format!(" {k}={v}"));
         }
     }
-    let s = s.trim_end().to_owned();
+    // Event fields hold a model's text (a subject, a path, a command) and a JSON string keeps
+    // DEL and the C1 controls raw: the whole line is escaped, before it is cut.
+    let s = troupe::term_text::line(s.trim_end()).into_owned();
     if s.chars().count() > 200 {
         let cut: String = s.chars().take(199).collect();
         format!("{cut}…")
@@ -227,6 +229,17 @@ mod tests {
         assert_eq!(
             line(&msg),
             "00:00:00.000 message          lead -> bob  id=m1"
+        );
+    }
+
+    #[test]
+    fn a_line_shows_control_characters_escaped() {
+        let ev = json!({"ts": 0.0, "event": "tool", "name": "ann\u{1b}]2;T\u{7}",
+            "detail": "notes\u{1b}]52;c;eA==\u{7}\u{9b}", "tool": "read_file",
+            "subject": "two\nlines \u{7f}"});
+        assert_eq!(
+            line(&ev),
+            r#"00:00:00.000 tool             ann\x1b]2;T\x07    detail=notes\x1b]52;c;eA==\x07\u{9b} subject="two\nlines \x7f" tool=read_file"#
         );
     }
 }

@@ -27,6 +27,7 @@ pub mod store;
 pub mod tasks;
 pub mod teamdir;
 pub mod telemetry;
+pub mod term_text;
 pub mod tools;
 pub mod transcript;
 pub mod worktree;

@@ -9,6 +9,7 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row as TableRow, Table, 
 use troupe::TeamDir;
 use troupe::llm::Block as Content;
 use troupe::teamdir::AgentName;
+use troupe::term_text;
 use troupe::transcript::Entry;
 
 use super::frame::{Frame, Row};
@@ -60,8 +61,11 @@ fn header(fr: &Frame) -> Vec<Line<'static>> {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    // The team's name and the rate governor's state are read from files: escaped, as is
+    // every text of the frame ([`troupe::term_text`]).
+    let esc = |s: String| Line::from(term_text::line(&s).into_owned());
     vec![
-        Line::from(format!(
+        esc(format!(
             "troupe top  team {}  supervisor {}  cost {}{budget}  calls {} ({} in flight)  rate {}",
             if fr.team_name.is_empty() {
                 "-"
@@ -78,7 +82,7 @@ fn header(fr: &Frame) -> Vec<Line<'static>> {
             h.calls_in_flight,
             h.rate
         )),
-        Line::from(format!(
+        esc(format!(
             "tasks: {tasks}   lints: {}   {} members",
             h.lints,
             fr.rows.len()
@@ -95,7 +99,8 @@ fn age(secs: Option<f64>) -> String {
     }
 }
 
-/// The cells of one member's row, as text.
+/// The cells of one member's row, as text: each escaped as a cell of tab-separated output
+/// (a role, what a beat says it does and a lint quote a model's text).
 fn cells(r: &Row, now: f64) -> Vec<String> {
     let mut place = match (&r.host, &r.branch) {
         (Some(h), Some(b)) => format!("{h} {b}"),
@@ -123,6 +128,9 @@ fn cells(r: &Row, now: f64) -> Vec<String> {
         place,
         r.lints.join("; "),
     ]
+    .into_iter()
+    .map(|c| term_text::cell(&c).into_owned())
+    .collect()
 }
 
 const COLUMNS: [&str; 14] = [
@@ -194,22 +202,25 @@ fn member(f: &mut Screen, area: Rect, team: &TeamDir, view: &View, name: &str) {
     let transcript = team.transcript(&agent);
     let lines: Vec<Line> = if elsewhere && !transcript.exists() {
         let r = row.expect("a row");
-        vec![
-            Line::from(format!(
+        [
+            format!(
                 "{name} runs on host {}: its transcript and log are in that host's team dir \
                  (`lead logs {name}` there).",
                 r.host.as_deref().unwrap_or("?")
-            )),
-            Line::from(format!(
+            ),
+            format!(
                 "The bus holds: status {}, {} message(s) in its inbox, requests {:?}, lints {:?}.",
                 r.status, r.inbox, r.pending_requests, r.lints
-            )),
+            ),
         ]
+        .iter()
+        .map(|l| Line::from(term_text::line(l).into_owned()))
+        .collect()
     } else {
         // The latest entries that fit (an entry may wrap to more than one line).
         transcript_tail(&transcript, (area.height as usize).saturating_sub(2).max(1))
             .into_iter()
-            .map(Line::from)
+            .map(|l| Line::from(term_text::line(&l).into_owned()))
             .collect()
     };
     f.render_widget(
@@ -228,7 +239,7 @@ fn member(f: &mut Screen, area: Rect, team: &TeamDir, view: &View, name: &str) {
         .collect::<Vec<_>>()
         .into_iter()
         .rev()
-        .map(|l| Line::from(l.to_owned()))
+        .map(|l| Line::from(term_text::line(l).into_owned()))
         .collect();
     f.render_widget(
         Paragraph::new(tail)
@@ -301,13 +312,16 @@ fn board(f: &mut Screen, area: Rect, team: &TeamDir) {
         tasks
             .iter()
             .map(|t| {
-                Line::from(format!(
-                    "{:<9} {:<12} {:<12} {}",
-                    t.id,
-                    t.status.as_str(),
-                    t.owner.as_deref().unwrap_or("-"),
-                    t.subject
-                ))
+                Line::from(
+                    term_text::line(&format!(
+                        "{:<9} {:<12} {:<12} {}",
+                        t.id,
+                        t.status.as_str(),
+                        t.owner.as_deref().unwrap_or("-"),
+                        t.subject
+                    ))
+                    .into_owned(),
+                )
             })
             .collect()
     };

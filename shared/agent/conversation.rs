@@ -282,7 +282,8 @@ pub fn render_inbox(batch: &[Message]) -> String {
     out
 }
 
-/// One inbox message as text for the model.
+/// One inbox message as text for the model, exactly as its sender wrote it. A terminal shows
+/// it through [`crate::term_text::lines`] (`lead inbox`, `lead chat`): the sender is a model.
 pub fn render_message(m: &Message) -> String {
     let rid = m.request_id.as_deref().unwrap_or("?");
     match m.kind {

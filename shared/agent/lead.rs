@@ -330,8 +330,14 @@ impl Lead {
                     Block::Text { text } if !text.trim().is_empty() => show(Shown::Text(text)),
                     Block::ToolUse { id, name, input } => {
                         let started_at = fsutil::now();
+                        // As a teammate does: a name no tool has is answered here, and recorded
+                        // escaped.
+                        let checked = tools::check_tool_name(name);
+                        let name = &tools::recorded_name(name);
                         let tool_span = self.span.tool(name, id);
-                        let output = if response.stop_reason == StopReason::MaxTokens {
+                        let output = if let Err(e) = checked {
+                            ToolOutput::error(e)
+                        } else if response.stop_reason == StopReason::MaxTokens {
                             ToolOutput::cut_short()
                         } else {
                             self.run_tool(name, input, &mut inbox_ids)?
@@ -750,6 +756,8 @@ fn spawn_teammate(team: &TeamDir, input: &Value) -> std::result::Result<String, 
     if role.trim().is_empty() || prompt.trim().is_empty() {
         return Err("role and prompt must not be empty".into());
     }
+    // A role is shown in `lead status` and `lead top`: one line of printable text.
+    crate::term_text::check_one_line("role", role)?;
     let spec = SpawnSpec {
         name: name.to_owned(),
         role: role.to_owned(),

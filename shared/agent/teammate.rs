@@ -658,8 +658,14 @@ impl Teammate {
             let ctx = self.context();
             for (id, name, input) in uses {
                 let started_at = fsutil::now();
+                // A name no tool has is answered here: it reaches no heartbeat, event or
+                // timing as the model wrote it (a person's terminal shows those).
+                let checked = tools::check_tool_name(&name);
+                let name = tools::recorded_name(&name);
                 let tool_span = self.span.tool(&name, &id);
-                let out = if response.stop_reason == StopReason::MaxTokens {
+                let out = if let Err(e) = checked {
+                    ToolOutput::error(e)
+                } else if response.stop_reason == StopReason::MaxTokens {
                     ToolOutput::cut_short()
                 } else {
                     self.run_tool(&name, &input, &mut inbox_ids)?

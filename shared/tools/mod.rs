@@ -19,6 +19,36 @@ use crate::teamdir::TeamDir;
 /// Characters of tool output given back to the model, at most.
 pub const OUTPUT_CAP: usize = 50_000;
 
+/// Refuses a tool name a model asked for that no tool could have: anything but 1 to 64
+/// letters, digits, `_` and `-` (what the providers accept for a tool's name). Checked before
+/// the name reaches a heartbeat, an event or the journal's tool timings, all of which a person's
+/// terminal shows; the error names it escaped ([`crate::term_text`]).
+pub fn check_tool_name(name: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "no tool is named \"{}\" (shown escaped, {} characters): a tool's name is 1 to 64 \
+         letters, digits, '_' or '-'",
+        crate::term_text::cell(name),
+        name.chars().count()
+    ))
+}
+
+/// The name a tool call is recorded under: its own when [`check_tool_name`] passes it, else
+/// its escaped form cut to 80 characters, so that no record carries a control character (or a
+/// page of text) the model wrote.
+pub fn recorded_name(name: &str) -> String {
+    match check_tool_name(name) {
+        Ok(()) => name.to_owned(),
+        Err(_) => crate::term_text::cell(name).chars().take(80).collect(),
+    }
+}
+
 /// Tools that change the world; closed by the plan gate until a plan is approved.
 pub const MUTATING: [&str; 3] = ["bash", "write_file", "edit_file"];
 
@@ -342,4 +372,29 @@ pub fn log_call(team: &TeamDir, agent: &str, name: &str, input: &Value, out: &To
         "tool",
         json!({"name": agent, "tool": name, "detail": describe_call(name, input), "ok": !out.is_error}),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_names_are_short_words() {
+        let (longest, too_long) = ("a".repeat(64), "a".repeat(65));
+        for ok in ["bash", "task_claim", "x-1", &longest] {
+            assert!(check_tool_name(ok).is_ok(), "{ok}");
+            assert_eq!(recorded_name(ok), ok);
+        }
+        for bad in ["", "a b", "bash\n", "x\u{1b}]2;T\u{7}", "é", &too_long] {
+            let e = check_tool_name(bad).unwrap_err();
+            assert!(!e.chars().any(char::is_control), "{e:?}");
+            assert!(!recorded_name(bad).chars().any(char::is_control));
+        }
+        assert_eq!(recorded_name("x\u{1b}]2;T\u{7}"), r"x\x1b]2;T\x07");
+        assert!(
+            check_tool_name("x\u{1b}]2;T\u{7}")
+                .unwrap_err()
+                .starts_with(r#"no tool is named "x\x1b]2;T\x07" (shown escaped, 7 characters)"#)
+        );
+    }
 }
