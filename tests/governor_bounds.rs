@@ -97,7 +97,7 @@ fn a_reset_named_far_away_cools_the_team_down_for_an_hour_at_most() {
         spawn(&team, &url, "alice");
         // The 429 is seen and noted.
         wait_until(T, "the 429 to be answered", || {
-            (fake.requests().len() >= 1).then_some(())
+            (!fake.requests().is_empty()).then_some(())
         });
         let limited = wait_until(T, "the governor's state after the 429", || {
             states(&team)

@@ -99,7 +99,7 @@ fn no_child_of_lead_run_or_of_a_worker_stays_defunct() {
             .then_some(m.pid)
             .flatten()
     });
-    let parents = [sup.0.id(), worker as u32];
+    let parents = [sup.0.id(), worker];
     let seen = longest_zombies(&parents, Duration::from_secs(3));
     let lingering: Vec<_> = seen
         .iter()
