@@ -90,6 +90,14 @@ pub enum Error {
         "{holder} was replaced (the current epoch is {current}); this process may not write for it any more"
     )]
     Fenced { holder: String, current: String },
+    /// A write for a member incarnation, a host's supervisor or the lead's inbox consumer whose
+    /// fence key is missing on the server (a server restarted without its data, a key deleted
+    /// by hand): refused, since nothing says this process is still the current one, until the
+    /// key's owner sets it again (see [`crate::fence`]).
+    #[error(
+        "{holder}: its fence {key} is missing on the bus (a server that lost its data, or a key deleted by hand); this process may not write for it until it is set again"
+    )]
+    Unfenced { holder: String, key: String },
     /// The team directory path exists but is not a directory.
     #[error("team dir {} is not a directory", .0.display())]
     NotADirectory(PathBuf),
@@ -154,6 +162,7 @@ impl Error {
             | Error::Ceiling { .. }
             | Error::Locked { .. }
             | Error::Fenced { .. }
+            | Error::Unfenced { .. }
             | Error::NotAddressee { .. }
             | Error::WorktreeRefused { .. } => 4,
             _ => 1,

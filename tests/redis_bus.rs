@@ -78,6 +78,8 @@ fn alice_on_the_bus(
     let bus = RedisBus::with_password(&url, &server.password).unwrap();
     let on_bus = team.dir.clone().with_bus(Some(bus));
     support::team::add_member_to(&on_bus, "alice", 1, false);
+    // As `lead run` does before it starts a worker: its fence key is what lets it write.
+    troupe::fence::begin_incarnation(&on_bus, "alice", 1).unwrap();
     let ping = msg("ping");
     troupe::inbox::Inbox::new(&on_bus, &alice())
         .append(&ping, troupe::inbox::Durability::Sync)

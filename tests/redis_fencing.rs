@@ -430,3 +430,312 @@ fn stderr_of(bg: &mut Bg) -> String {
     }
     s
 }
+
+/// A raw connection to the bus of `server`'s team `team`, as the troupe user (the test's own
+/// hand on the server: a successor's epoch set, a key deleted).
+fn raw(server: &RedisServer, team: &str) -> (troupe::store::redis::RedisBus, redis::Connection) {
+    let bus =
+        troupe::store::redis::RedisBus::with_password(&server.url(team), &server.password).unwrap();
+    let conn = bus.connect(Duration::from_secs(5)).unwrap();
+    (bus, conn)
+}
+
+/// Every write of m6 a process of member `m` makes, tried through `team`: an event, a beat, the
+/// rate governor's soft state, a place in its queue, a task (whose id goes into the id set
+/// first). Each result, named.
+fn m6_writes(team: &troupe::TeamDir, epoch: u64, label: &str) -> Vec<(&'static str, String)> {
+    use troupe::store::govern::Pool;
+    let mut out: Vec<(&'static str, troupe::Result<()>)> = Vec::new();
+    out.push((
+        "event",
+        troupe::events::try_log(team, "probe", serde_json::json!({"by": label})),
+    ));
+    let mut beater = troupe::store::beat::Beater::new(team.store(), "m", epoch);
+    beater.beat(Duration::from_secs(1));
+    out.push(("beat", beater.refusal()));
+    let pool = Pool::new(team.store(), "fp");
+    out.push((
+        "governor state",
+        pool.update(|_| (Some(label.as_bytes().to_vec()), ())),
+    ));
+    out.push(("governor queue", pool.queue("m", false).map(drop)));
+    let tasks = troupe::tasks::TaskStore::new(team);
+    out.push((
+        "task id",
+        tasks
+            .create(troupe::tasks::NewTask {
+                subject: format!("by {label}"),
+                created_by: "m".into(),
+                ..Default::default()
+            })
+            .map(drop),
+    ));
+    out.into_iter()
+        .map(|(what, r)| {
+            let verdict = match r {
+                Ok(()) => "written".to_owned(),
+                Err(troupe::Error::Fenced { .. }) => "fenced".to_owned(),
+                Err(troupe::Error::Unfenced { .. }) => "unfenced".to_owned(),
+                Err(e) => format!("failed: {e}"),
+            };
+            (what, verdict)
+        })
+        .collect()
+}
+
+/// What m6's writes left on the server, as an unfenced reader sees it: the events' `by`, the
+/// beat's epoch, the governor's state, and how many task ids are reserved.
+fn m6_seen(
+    observer: &troupe::TeamDir,
+    conn: &mut redis::Connection,
+    bus: &troupe::store::redis::RedisBus,
+) -> (Vec<String>, Option<u64>, Option<String>, usize) {
+    let events: Vec<String> = troupe::events::read_all(observer)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["event"] == "probe")
+        .filter_map(|e| e["by"].as_str().map(str::to_owned))
+        .collect();
+    let beat = troupe::store::beat::last(observer.store(), "m")
+        .unwrap()
+        .map(|b| b.epoch);
+    let state = troupe::store::govern::Pool::new(observer.store(), "fp")
+        .update(|now| (None, now.map(|b| String::from_utf8_lossy(b).into_owned())))
+        .unwrap();
+    let ids: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(bus.key("tasks"))
+        .query(conn)
+        .unwrap();
+    (events, beat, state, ids.len())
+}
+
+fn verdicts(got: &[(&'static str, String)]) -> Vec<String> {
+    got.iter().map(|(_, v)| v.clone()).collect()
+}
+
+/// Issue 41, acceptance 6 (review-4 m6): a process fenced as member m's incarnation 1, once
+/// incarnation 2 began, adds no event, beat, governor state, queue place or task id: each is
+/// refused with `Error::Fenced`, and the server holds nothing of them; incarnation 2's own
+/// writes pass. Then `epoch:m` is deleted by hand: incarnation 2 is refused each of them and
+/// its drain too (`Error::Unfenced`, without taking the process for replaced), while a writer
+/// that acts for nobody (a person's `lead send`, `lead task add`) still writes; the next
+/// incarnation, begun by the supervisor, sets the key again and writes.
+#[test]
+fn a_stale_or_unfenced_incarnation_adds_no_event_beat_governor_state_or_id() {
+    use troupe::inbox::{Durability, Inbox};
+    use troupe::message::{Message, MessageType};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let team = || {
+        troupe::TeamDir::create(dir.path().join(".team"))
+            .unwrap()
+            .with_bus(Some(
+                troupe::store::redis::RedisBus::with_password(&server.url("m6"), &server.password)
+                    .unwrap(),
+            ))
+    };
+    let (bus, mut conn) = raw(&server, "m6");
+    // One process each: the supervisor (unfenced here), the reader, and two incarnations.
+    let (supervisor, observer, old, new) = (team(), team(), team(), team());
+    troupe::fence::begin_incarnation(&supervisor, "m", 1).unwrap();
+    troupe::fence::act_as_member(&old, "m", 1);
+    troupe::fence::begin_incarnation(&supervisor, "m", 2).unwrap();
+    troupe::fence::act_as_member(&new, "m", 2);
+
+    let got = m6_writes(&old, 1, "old");
+    assert_eq!(verdicts(&got), ["fenced"; 5], "{got:?}");
+    assert!(troupe::fence::replaced(&old));
+    assert_eq!(
+        m6_seen(&observer, &mut conn, &bus),
+        (vec![], None, None, 0),
+        "the stale incarnation wrote"
+    );
+
+    let got = m6_writes(&new, 2, "new");
+    assert_eq!(verdicts(&got), ["written"; 5], "{got:?}");
+    let seen = m6_seen(&observer, &mut conn, &bus);
+    assert_eq!(
+        seen,
+        (vec!["new".to_owned()], Some(2), Some("new".to_owned()), 1)
+    );
+
+    // The fence key deleted by hand: refused, not passed.
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(bus.key("epoch:m"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let got = m6_writes(&new, 2, "unfenced");
+    assert_eq!(verdicts(&got), ["unfenced"; 5], "{got:?}");
+    assert!(
+        !troupe::fence::replaced(&new),
+        "a missing key is not a successor"
+    );
+    assert_eq!(
+        m6_seen(&observer, &mut conn, &bus),
+        seen,
+        "written unfenced"
+    );
+    let m = troupe::AgentName::teammate("m").unwrap();
+    let waiting = Message::new(MessageType::Message, "lead", "m", "waits");
+    Inbox::new(&observer, &m)
+        .append(&waiting, Durability::Sync)
+        .unwrap();
+    let (mut journal, _) = support::drain::open_journal(&new, &m);
+    let e = Inbox::new(&new, &m).drain(&mut journal).unwrap_err();
+    assert!(matches!(e, troupe::Error::Unfenced { .. }), "{e}");
+    let to_lead = Message::new(MessageType::Message, "m", "lead", "from m");
+    let e = Inbox::new(&new, &troupe::AgentName::lead())
+        .append(&to_lead, Durability::Sync)
+        .unwrap_err();
+    assert!(matches!(e, troupe::Error::Unfenced { .. }), "{e}");
+    drop(journal);
+    assert!(support::drain::journaled(&new, &m).is_empty());
+
+    // Writers acting for nobody are not fenced.
+    troupe::events::try_log(&observer, "probe", serde_json::json!({"by": "person"})).unwrap();
+    troupe::tasks::TaskStore::new(&observer)
+        .create(troupe::tasks::NewTask {
+            subject: "by a person".into(),
+            created_by: "lead".into(),
+            ..Default::default()
+        })
+        .unwrap();
+
+    // The supervisor's next start of the member sets the key again.
+    troupe::fence::begin_incarnation(&supervisor, "m", 3).unwrap();
+    let next = team();
+    troupe::fence::act_as_member(&next, "m", 3);
+    let got = m6_writes(&next, 3, "next");
+    assert_eq!(verdicts(&got), ["written"; 5], "{got:?}");
+    let (mut journal, _) = support::drain::open_journal(&next, &m);
+    assert_eq!(
+        Inbox::new(&next, &m).drain(&mut journal).unwrap(),
+        [waiting]
+    );
+    let (events, beat, _, ids) = m6_seen(&observer, &mut conn, &bus);
+    assert_eq!(events, ["new", "person", "next"]);
+    assert_eq!((beat, ids), (Some(3), 3));
+}
+
+/// The member's `exit` events in `host`'s team, as (incarnation, code).
+fn exits(bus: &Bus, host: &Host, name: &str) -> Vec<(u64, Option<i64>)> {
+    troupe::events::read_all(&bus.team_dir(host))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["event"] == "exit" && e["name"] == name)
+        .map(|e| (e["incarnation"].as_u64().unwrap(), e["code"].as_i64()))
+        .collect()
+}
+
+/// Acceptance 6 with a real worker: an idle worker writes nothing but its beats, so a successor
+/// elsewhere (its member's epoch raised past it, by hand here) is found at its next beat:
+/// refused, it exits 79, with no beat of its incarnation left on the server. (Its supervisor,
+/// whose lease nobody took here, then starts the member as it would any member it runs.)
+#[test]
+fn an_idle_worker_whose_incarnation_was_replaced_exits_79_at_its_next_beat() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus::new(&server, "idle", scratch.path(), &["ia"]);
+    let a = Host::new();
+    ok(&bus.out(
+        &a,
+        &[
+            "spawn", "ia", "--role", "r", "--prompt", "ack", "--host", "h",
+        ],
+    ));
+    let mut sup = bus.run(&a, "h");
+    let before = wait_until(T, "ia idle", || {
+        let m = member(&bus.members(&a), "ia").clone();
+        (m["status"] == "idle").then_some(m)
+    });
+    let pid = before["pid"].as_u64().unwrap();
+    let inc = before["incarnation"].as_u64().unwrap();
+    let (raw_bus, mut conn) = raw(&server, "idle");
+    let () = redis::cmd("SET")
+        .arg(raw_bus.key("epoch:ia"))
+        .arg(inc + 10)
+        .query(&mut conn)
+        .unwrap();
+    let () = redis::cmd("DEL")
+        .arg(raw_bus.key("beat:ia"))
+        .query(&mut conn)
+        .unwrap();
+    wait_until(T, "the replaced worker to exit", || {
+        (!alive(pid)).then_some(())
+    });
+    let first = wait_until(T, "its exit event", || {
+        exits(&bus, &a, "ia").first().copied()
+    });
+    assert_eq!(first, (inc, Some(79)));
+    let beat = troupe::store::beat::last(bus.team_dir(&a).store(), "ia").unwrap();
+    assert!(
+        beat.as_ref().is_none_or(|b| b.epoch != inc),
+        "the replaced worker beat: {beat:?}"
+    );
+    assert!(sup.0.try_wait().unwrap().is_none(), "the supervisor runs");
+}
+
+/// A fence key deleted by hand (as a server restarted without its data loses them all): the
+/// idle member's worker is refused at its next beat and exits 75, which its supervisor
+/// restarts as a new incarnation, setting `epoch:NAME` again; the supervisor's own lease record
+/// deleted is written again by its next renewal, and the supervisor is not taken for replaced.
+#[test]
+fn a_deleted_fence_key_refuses_and_the_supervisor_gets_the_member_going_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bus = Bus::new(&server, "deleted", scratch.path(), &["da"]);
+    let a = Host::new();
+    ok(&bus.out(
+        &a,
+        &[
+            "spawn", "da", "--role", "r", "--prompt", "ack", "--host", "h",
+        ],
+    ));
+    let mut sup = bus.run(&a, "h");
+    let before = wait_until(T, "da idle", || {
+        let m = member(&bus.members(&a), "da").clone();
+        (m["status"] == "idle").then_some(m)
+    });
+    let pid = before["pid"].as_u64().unwrap();
+    let inc = before["incarnation"].as_u64().unwrap();
+    let (raw_bus, mut conn) = raw(&server, "deleted");
+    let epoch_key = raw_bus.key("epoch:da");
+    let () = redis::cmd("DEL").arg(&epoch_key).query(&mut conn).unwrap();
+    wait_until(T, "the unfenced worker to exit", || {
+        (!alive(pid)).then_some(())
+    });
+    let after = wait_until(T, "da idle again", || {
+        let m = member(&bus.members(&a), "da").clone();
+        (m["status"] == "idle" && m["incarnation"].as_u64() > Some(inc)).then_some(m)
+    });
+    assert_eq!(exits(&bus, &a, "da"), [(inc, Some(75))]);
+    let epoch: Option<String> = redis::cmd("GET").arg(&epoch_key).query(&mut conn).unwrap();
+    assert_eq!(epoch, Some(after["incarnation"].to_string()));
+    // The lease's record: written again by the next renewal, same epoch.
+    let record_key = raw_bus.key("lease:h-epoch");
+    let record: String = redis::cmd("GET").arg(&record_key).query(&mut conn).unwrap();
+    let () = redis::cmd("DEL").arg(&record_key).query(&mut conn).unwrap();
+    wait_until(T, "the lease's record back", || {
+        redis::cmd("GET")
+            .arg(&record_key)
+            .query::<Option<String>>(&mut conn)
+            .unwrap()
+    });
+    let back: String = redis::cmd("GET").arg(&record_key).query(&mut conn).unwrap();
+    assert_eq!(back, record);
+    // The team goes on: a message is answered by the member, which was not restarted again.
+    let id = send(&bus, &a, "da", "still there?").expect("acknowledged");
+    wait_until(T, "the message consumed", || {
+        journaled(&a, "da").contains(&id).then_some(())
+    });
+    assert!(sup.0.try_wait().unwrap().is_none(), "the supervisor runs");
+    let last = member(&bus.members(&a), "da").clone();
+    assert_eq!(last["incarnation"], after["incarnation"], "{last}");
+}

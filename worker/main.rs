@@ -124,6 +124,7 @@ pub(crate) fn main() -> ExitCode {
                     troupe::Error::InvalidName { .. } | troupe::Error::UnknownMember(_) => EX_USAGE,
                     troupe::Error::Corrupt { .. } | troupe::Error::NotADirectory(_) => EX_CONFIG,
                     troupe::Error::Fenced { .. } => troupe::fence::EXIT_SUPERSEDED,
+                    troupe::Error::Unfenced { .. } => troupe::fence::EXIT_UNFENCED,
                     _ => 1,
                 });
             ExitCode::from(code)

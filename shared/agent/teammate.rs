@@ -1066,6 +1066,8 @@ impl Teammate {
         let until = timeout.map(|t| std::time::Instant::now() + t);
         loop {
             self.beater.beat(Duration::ZERO);
+            // Refused by the fence: this process may not go on for the member.
+            self.beater.refusal()?;
             let slice = until.map_or(crate::store::beat::IDLE_BEAT, |u| {
                 u.saturating_duration_since(std::time::Instant::now())
                     .min(crate::store::beat::IDLE_BEAT)

@@ -9,7 +9,10 @@
 //!
 //! - **files**: `beats/NAME.json`, overwritten in place without an fsync (a beat that a crash
 //!   loses is only a beat; a torn one is read as none);
-//! - **Redis**: the key `beat:NAME`, set with an expiry (an hour past the step's allowance).
+//! - **Redis**: the key `beat:NAME`, set with an expiry (an hour past the step's allowance)
+//!   by a script fenced by the worker's incarnation ([`super::redis::Fence`]): a worker that a
+//!   newer incarnation replaced cannot make its member look alive, and ends at its next beat
+//!   ([`Beater::refusal`]).
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -18,7 +21,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Store;
-use crate::error::Result;
+use super::redis::fenced_script;
+use crate::error::{Error, Result};
 use crate::teamdir::TeamDir;
 
 /// The longest an idle worker goes between beats.
@@ -55,10 +59,23 @@ fn beat_path(team: &TeamDir, name: &str) -> PathBuf {
     beats_dir(team).join(format!("{name}.json"))
 }
 
+/// KEYS: fence, the beat. ARGV: fence value, the beat, its expiry (s).
+const BEAT: &str = fenced_script!(
+    r"
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"
+);
+
+static BEAT_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(BEAT));
+
 /// Writes one member's beats; made once per incarnation.
 pub struct Beater {
     epoch: u64,
     to: Target,
+    /// The fence refused the last beat (see [`Beater::refusal`]).
+    refused: Option<Error>,
 }
 
 enum Target {
@@ -75,11 +92,16 @@ impl Beater {
                 Target::Redis(Box::new(bus.clone()), bus.key(&format!("beat:{name}")))
             }
         };
-        Beater { epoch, to }
+        Beater {
+            epoch,
+            to,
+            refused: None,
+        }
     }
 
     /// Says "making progress; the step begun now may take `allowance`". A beat that cannot
-    /// be written is logged (the watchdog may then take the worker for hung and restart it).
+    /// be written is logged (the watchdog may then take the worker for hung and restart it);
+    /// one the fence refused is kept for [`Beater::refusal`].
     pub fn beat(&mut self, allowance: Duration) {
         self.beat_doing(allowance, None);
     }
@@ -96,8 +118,26 @@ impl Beater {
             return;
         };
         bytes.push(b'\n');
-        if let Err(e) = self.write(&bytes, allowance) {
-            tracing::debug!("heartbeat not written: {e}");
+        match self.write(&bytes, allowance) {
+            Ok(()) => self.refused = None,
+            Err(e @ (Error::Fenced { .. } | Error::Unfenced { .. })) => {
+                if self.refused.is_none() {
+                    tracing::warn!("heartbeat refused: {e}");
+                }
+                self.refused = Some(e);
+            }
+            Err(e) => tracing::debug!("heartbeat not written: {e}"),
+        }
+    }
+
+    /// Whether the fence refused the last beat: this incarnation was replaced, or its fence
+    /// key is gone ([`crate::fence`]). A worker waiting idle writes nothing else, so this is
+    /// where it learns it may not go on: it ends with the error, as after any other refused
+    /// write. Taken: the next beat says again.
+    pub fn refusal(&mut self) -> Result<()> {
+        match self.refused.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -118,14 +158,17 @@ impl Beater {
             }
             Target::Redis(bus, key) => {
                 let ttl = allowance.as_secs() + 3600;
+                let (fence, fence_value) = bus.fence_args();
                 bus.with_conn("write a heartbeat", |c| {
-                    redis::cmd("SET")
-                        .arg(&*key)
+                    BEAT_SCRIPT
+                        .key(&fence)
+                        .key(&*key)
+                        .arg(&fence_value)
                         .arg(bytes)
-                        .arg("EX")
                         .arg(ttl)
-                        .query::<()>(c)
+                        .invoke::<i64>(c)
                 })
+                .map(drop)
             }
         }
     }

@@ -5,11 +5,21 @@
 //! Each member incarnation is an epoch: the supervisor makes it current ([`begin_incarnation`])
 //! before the worker process exists, and the worker fences its writes by it ([`act_as_member`]).
 //! From then on, every write that acts for the member (consuming or acknowledging its inbox,
-//! answering a request, marking a task, changing a record) is accepted only while its
-//! incarnation is the current one, and a replaced worker's is refused with
-//! [`crate::Error::Fenced`]: the worker exits [`EXIT_SUPERSEDED`], which is not restarted.
-//! A supervisor's writes are fenced by its host lease's epoch, and `lead chat`'s and `lead
-//! inbox`'s by the lease of the lead's inbox ([`LeadInboxConsumer`]).
+//! answering a request, marking a task, changing a record, reserving an id, logging an event,
+//! beating, the rate governor's state and slots) is accepted only while its incarnation is the
+//! current one, and a replaced worker's is refused with [`crate::Error::Fenced`]: the worker
+//! exits [`EXIT_SUPERSEDED`], which is not restarted. A supervisor's writes are fenced by its
+//! host lease's epoch, and `lead chat`'s and `lead inbox`'s by the lease of the lead's inbox
+//! ([`LeadInboxConsumer`]). A process that acts for nobody (a person's `lead send`, `lead task
+//! add`) is not fenced.
+//!
+//! A fence whose key is gone (a server restarted without its data, a key deleted by hand)
+//! refuses too, with [`crate::Error::Unfenced`]: passing would let a stale process write until
+//! the next incarnation. Each key is set again by whoever set it: a lease's holder at its next
+//! renewal (within a second; its writes are refused meanwhile, and it is not taken for
+//! replaced), and a member's by its supervisor at the member's next start. So a worker refused
+//! for a missing key exits [`EXIT_UNFENCED`], which its supervisor restarts as a new
+//! incarnation without counting it toward the restart limit.
 //!
 //! In a team dir (no bus) the flocks already make each of these one process (the journal's
 //! owner lock per member and for the lead, `lead.lock` per supervisor), and the checks are
@@ -21,6 +31,10 @@ use crate::teamdir::TeamDir;
 
 /// The exit code of a worker whose incarnation a newer one replaced: not restarted.
 pub const EXIT_SUPERSEDED: u8 = 79;
+
+/// The exit code of a worker whose fence key is gone: sysexits' `EX_TEMPFAIL`, which its
+/// supervisor restarts (uncounted) as a new incarnation, setting the key again.
+pub const EXIT_UNFENCED: u8 = 75;
 
 /// Makes `incarnation` the current one of member `name` (before its worker starts): an older
 /// incarnation's writes are refused from now on. Fenced by the caller's own fence (a

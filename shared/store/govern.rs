@@ -14,7 +14,9 @@
 //! - **Redis**: the key `govern:FP:state` under the bus's lock of that name; the slots'
 //!   holders and the queue are sorted sets, changed by one script per try, with expiries
 //!   the holders renew (a crashed host's slots lapse within [`HOLD_LEASE`]) on the server's
-//!   clock; the script refuses a fenced-off member's tries.
+//!   clock. Every write of them but a waiter's leaving and a slot's giving back is a script
+//!   fenced by the writer's fence ([`super::redis::Fence`]): a member's worker that a newer
+//!   incarnation replaced changes no limit, joins no queue, takes no slot and keeps none.
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -82,13 +84,15 @@ impl Pool {
                 })?;
                 let (next, out) = f(now.as_deref());
                 if let Some(bytes) = next {
+                    let (fence, fence_value) = bus.fence_args();
                     bus.with_conn("write the rate limits", |c| {
-                        redis::cmd("SET")
-                            .arg(&key)
+                        redis::Script::new(STATE)
+                            .key(&fence)
+                            .key(&key)
+                            .arg(&fence_value)
                             .arg(&bytes)
-                            .arg("EX")
                             .arg(STATE_TTL_SECS)
-                            .query::<()>(c)
+                            .invoke::<i64>(c)
                     })?;
                 }
                 Ok(out)
@@ -115,10 +119,13 @@ impl Pool {
                     std::process::id(),
                     uuid::Uuid::new_v4().simple()
                 );
+                let (fence, fence_value) = bus.fence_args();
                 bus.with_conn("join the slots' queue", |c| {
                     redis::Script::new(JOIN)
+                        .key(&fence)
                         .key(bus.key(&format!("{base}:queue")))
                         .key(bus.key(&format!("{base}:alive")))
+                        .arg(&fence_value)
                         .arg(&id)
                         .arg(order_score(&order))
                         .arg(WAIT_LEASE.as_millis() as u64)
@@ -308,9 +315,12 @@ fn live_ahead(queue: &std::path::Path, order: &str) -> Result<usize> {
 /// Renews a held slot's lease on the bus every third of it, until `stopped` is dropped.
 fn renew(bus: &RedisBus, key: &str, id: &str, stopped: &mpsc::Receiver<()>) {
     while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(HOLD_LEASE / 3) {
+        let (fence, fence_value) = bus.fence_args();
         let r = bus.with_conn("renew a call slot", |c| {
             redis::Script::new(RENEW)
+                .key(&fence)
                 .key(key)
+                .arg(&fence_value)
                 .arg(id)
                 .arg(HOLD_LEASE.as_millis() as u64)
                 .invoke::<i64>(c)
@@ -347,20 +357,32 @@ return 0
 "
 );
 
-/// KEYS: queue, alive. ARGV: id, order, wait lease (ms). Queues the id.
-const JOIN: &str = r"
+/// KEYS: fence, queue, alive. ARGV: fence value, id, order, wait lease (ms). Queues the id.
+const JOIN: &str = fenced_script!(
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
-return redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
-";
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[2])
+return redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[2])
+"
+);
 
-/// KEYS: holders. ARGV: id, lease (ms). Extends a slot still held.
-const RENEW: &str = r"
+/// KEYS: fence, holders. ARGV: fence value, id, lease (ms). Extends a slot still held.
+const RENEW: &str = fenced_script!(
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[2]), ARGV[1])
-";
+return redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
+"
+);
+
+/// KEYS: fence, the soft state. ARGV: fence value, the state, its expiry (s).
+const STATE: &str = fenced_script!(
+    r"
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+"
+);
 
 #[cfg(test)]
 mod tests {

@@ -4,6 +4,10 @@
 //! replace (temp, fsync, rename, fsync dir). So of two processes racing to change a record,
 //! exactly one wins and the other sees what it lost to. The stores ([`crate::requests`],
 //! [`crate::tasks`]) decide what a change may be; this module only reads and writes.
+//!
+//! On a bus a record is the document `NOUN:ID` and its id a member of the set `NOUNs`, added
+//! by a script fenced like every write ([`super::redis::Fence`]): a process replaced while it
+//! was stalled reserves no id.
 
 use std::io::ErrorKind;
 use std::os::unix::fs::OpenOptionsExt;
@@ -13,9 +17,32 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::Store;
+use super::redis::fenced_script;
 use crate::error::{Error, Result};
 use crate::fsutil::{self, FILE_MODE};
 use crate::teamdir::TeamDir;
+
+/// KEYS: fence, the set of ids. ARGV: fence value, the id. 1 when the id is new to the set.
+const RESERVE: &str = fenced_script!(
+    r"
+return redis.call('SADD', KEYS[2], ARGV[2])
+"
+);
+
+/// Adds `id` to the set of ids `index` (a team key), fenced: true when it was not there.
+fn reserve_on_bus(bus: &super::redis::RedisBus, index: &str, id: &str) -> Result<bool> {
+    let index = bus.key(index);
+    let (fence, fence_value) = bus.fence_args();
+    let added: i64 = bus.with_conn("reserve an id", |c| {
+        redis::Script::new(RESERVE)
+            .key(&fence)
+            .key(&index)
+            .arg(&fence_value)
+            .arg(id)
+            .invoke(c)
+    })?;
+    Ok(added == 1)
+}
 
 /// One kind of record in one team dir.
 pub(crate) struct Records<'a> {
@@ -37,15 +64,11 @@ impl Records<'_> {
     /// A fresh id, reserved by creating its lock file (a collision draws again).
     pub fn reserve_id(&self) -> Result<String> {
         if let Store::Redis(bus) = self.team.store() {
-            let index = bus.key(&self.index());
             loop {
                 let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
                 // SADD answers 1 for an id new to the set: reserved. (Run twice after a lost
                 // reply, it answers 0 and a new id is drawn; the first stays unused.)
-                let added: i64 = bus.with_conn("reserve an id", |c| {
-                    redis::cmd("SADD").arg(&index).arg(&id).query(c)
-                })?;
-                if added == 1 {
+                if reserve_on_bus(bus, &self.index(), &id)? {
                     return Ok(id);
                 }
             }
@@ -72,11 +95,7 @@ impl Records<'_> {
     pub fn reserve_keyed(&self, id: &str) -> Result<bool> {
         (self.file)(self.team, id)?;
         if let Store::Redis(bus) = self.team.store() {
-            let index = bus.key(&self.index());
-            let added: i64 = bus.with_conn("reserve an id", |c| {
-                redis::cmd("SADD").arg(&index).arg(id).query(c)
-            })?;
-            return Ok(added == 1);
+            return reserve_on_bus(bus, &self.index(), id);
         }
         fsutil::create_dir(&(self.dir)(self.team))?;
         let lock_path = (self.lock)(self.team, id)?;

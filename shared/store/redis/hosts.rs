@@ -126,12 +126,27 @@ impl HostLease {
     }
 }
 
-/// Removes the stop `lead stop` left for `host` (its supervisor starts, or ends).
+/// KEYS: fence, the stop. ARGV: fence value.
+const CLEAR_STOP: &str = super::fenced_script!(
+    r"
+redis.call('DEL', KEYS[2])
+return 1
+"
+);
+
+/// Removes the stop `lead stop` left for `host` (its supervisor starts, or ends), fenced by
+/// the supervisor's lease: one that was replaced clears no stop meant for its successor.
 fn clear_stop(bus: &RedisBus, host: &str) -> Result<()> {
     let stop = bus.key(&format!("stop:{host}"));
+    let (fence, fence_value) = bus.fence_args();
     bus.with_conn("clear a stop", |c| {
-        redis::cmd("DEL").arg(&stop).query::<()>(c)
+        redis::Script::new(CLEAR_STOP)
+            .key(&fence)
+            .key(&stop)
+            .arg(&fence_value)
+            .invoke::<i64>(c)
     })
+    .map(drop)
 }
 
 /// The hosts whose supervisor holds its lease now, sorted.

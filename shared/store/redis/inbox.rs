@@ -23,8 +23,8 @@
 //!   AOF), where the journal already holds what a read delivered. The read and the mark are
 //!   fenced by the consumer's epoch ([`super::Fence`]): the read is an `XRANGE` and then a `GET`
 //!   of the fence in one round trip, checked by the reader, the mark a script that checks it
-//!   on the server. A worker whose member a newer incarnation runs (a successor on another
-//!   host) is refused both, and a batch it read just
+//!   on the server (a fence key that is gone refuses both). A worker whose member a newer
+//!   incarnation runs (a successor on another host) is refused both, and a batch it read just
 //!   before the successor began is taken out of its journal again when the mark is refused,
 //!   so it is consumed once, by the successor (which reads it: it was not deleted). Crash
 //!   points ([`crate::inbox::DrainPoint`]): killed after the read, or after the journal, the
@@ -324,9 +324,8 @@ impl RedisInbox {
                     .arg(&fence)
                     .query(c)
             })?;
-            if let Some(cur) = current.filter(|cur| !fence_value.is_empty() && *cur != fence_value)
-            {
-                return Err(self.bus.fenced(&cur));
+            if let Some(r) = super::refusal(&fence_value, current.as_deref()) {
+                return Err(self.bus.refused(r));
             }
             let batch = range_fields(&v);
             let n = batch.len();
@@ -350,8 +349,9 @@ impl RedisInbox {
                 }
                 call.invoke::<i64>(c)
             });
-            if let Err(e @ Error::Fenced { .. }) = marked {
-                // A newer incarnation took over between the read and the mark: these entries
+            if let Err(e @ (Error::Fenced { .. } | Error::Unfenced { .. })) = marked {
+                // A newer incarnation took over between the read and the mark (or the fence
+                // key went, and the next incarnation may run on another host): these entries
                 // are its to consume (they are still in the stream, and it reads them), so
                 // they are taken out of this journal again.
                 journal.undo_inbox(before, fresh[kept..].iter().map(|m| m.id.as_str()))?;

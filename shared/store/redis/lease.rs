@@ -10,7 +10,9 @@
 //!   outage is not a lost lease. Only a record naming another token means the lease was lost.
 //! - **The fence** of a holder is its record, `EPOCH:TOKEN` ([`super::Fence`]): once another
 //!   process took the lease, every fenced write of the old holder is refused, whatever it
-//!   still believes.
+//!   still believes. A record that is gone (a server restarted without its data, a key
+//!   deleted by hand) refuses the holder's writes too, until its next renewal writes the
+//!   record again with the holder's epoch (if nobody took the lease meanwhile).
 
 use std::time::{Duration, Instant};
 

@@ -57,10 +57,15 @@ pub struct RedisBus {
 }
 
 /// A condition the server checks inside every script that writes for this process: the key
-/// `key` still holds `value` (or is gone, after a server that lost its data). A member's
-/// worker is fenced by `epoch:NAME` holding its incarnation; a supervisor and the lead's inbox
-/// consumer by their lease's epoch record (`EPOCH:TOKEN`). A newer holder changes the key, and
-/// the older one's writes are refused with `FENCED <current>`.
+/// `key` holds `value`. A member's worker is fenced by `epoch:NAME` holding its incarnation; a
+/// supervisor and the lead's inbox consumer by their lease's epoch record (`EPOCH:TOKEN`). A
+/// newer holder changes the key, and the older one's writes are refused with `FENCED
+/// <current>` ([`Error::Fenced`]). A key that is gone (a server restarted without its data, a
+/// key deleted by hand) refuses too, with `UNFENCED` ([`Error::Unfenced`]): nothing says then
+/// that this process is still the current holder, and passing would let every stale process
+/// write until the next incarnation. Who set the key sets it again: a lease's holder at its
+/// next renewal ([`lease`]), a member's supervisor when it starts the member's next
+/// incarnation (the worker refused ends, and is restarted: see [`crate::fence`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fence {
     key: String,
@@ -70,13 +75,19 @@ pub struct Fence {
 }
 
 /// The first lines of every fenced script: KEYS[1] is the fence's key and ARGV[1] its value
-/// (empty: not fenced). Refuses with `FENCED <current value>`.
+/// (empty: not fenced, a process that acts for no member or host). Refuses with `FENCED
+/// <current value>`, or `UNFENCED <key>` when the key is gone (a word alone would not be
+/// read as an error code). The same decision as [`refusal`],
+/// taken on the server.
 macro_rules! fenced_script {
     ($body:literal) => {
         concat!(
             "if ARGV[1] ~= '' then\n",
             "  local cur = redis.call('GET', KEYS[1])\n",
-            "  if cur and cur ~= ARGV[1] then\n",
+            "  if not cur then\n",
+            "    return redis.error_reply('UNFENCED ' .. KEYS[1])\n",
+            "  end\n",
+            "  if cur ~= ARGV[1] then\n",
             "    return redis.error_reply('FENCED ' .. cur)\n",
             "  end\n",
             "end\n",
@@ -85,6 +96,27 @@ macro_rules! fenced_script {
     };
 }
 pub(crate) use fenced_script;
+
+/// Why a fence refuses a write (see [`Fence`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// The key holds another value: a newer holder replaced this process.
+    Stale(String),
+    /// The key is gone.
+    Missing,
+}
+
+/// Whether a process fenced by `value` (empty: not fenced) may write while its fence's key
+/// holds `current` (`None`: gone). The fenced scripts decide the same on the server; a read
+/// that checks its fence itself (an inbox drain's) asks this.
+fn refusal(value: &str, current: Option<&str>) -> Option<Refusal> {
+    match current {
+        _ if value.is_empty() => None,
+        None => Some(Refusal::Missing),
+        Some(cur) if cur != value => Some(Refusal::Stale(cur.to_owned())),
+        Some(_) => None,
+    }
+}
 
 /// Idle connections kept per bus.
 const POOL_MAX: usize = 8;
@@ -214,6 +246,26 @@ impl RedisBus {
         }
     }
 
+    /// The refusal of a fenced write whose fence key is gone. Unlike [`RedisBus::fenced`] it
+    /// does not mark the process replaced: a lease's holder sets its key again at its next
+    /// renewal and carries on.
+    fn unfenced(&self) -> Error {
+        let fence = self.fence.read().unwrap_or_else(|p| p.into_inner());
+        let (holder, key) = match fence.as_ref() {
+            Some(f) => (f.holder.clone(), f.key.clone()),
+            None => ("this process".to_owned(), String::new()),
+        };
+        Error::Unfenced { holder, key }
+    }
+
+    /// The error for `refusal`.
+    fn refused(&self, refusal: Refusal) -> Error {
+        match refusal {
+            Refusal::Stale(current) => self.fenced(&current),
+            Refusal::Missing => self.unfenced(),
+        }
+    }
+
     /// An idle connection of this process, or a new one.
     pub(crate) fn take(&self) -> Result<redis::Connection> {
         let idle = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
@@ -256,6 +308,10 @@ impl RedisBus {
                     self.give_back(conn);
                     return Err(self.fenced(e.detail().unwrap_or("").trim()));
                 }
+                Err(e) if e.code() == Some("UNFENCED") => {
+                    self.give_back(conn);
+                    return Err(self.unfenced());
+                }
                 Err(e) => {
                     // The server's own refusals leave the connection usable; anything else
                     // drops it (the next call opens a new one).
@@ -288,20 +344,33 @@ impl RedisBus {
 /// trimmed, but a server's memory is not a disk.
 pub const EVENTS_LEN: u64 = 100_000;
 
-/// Appends one event line (a JSON object) to the stream `troupe:{TEAM}:events`.
+/// KEYS: fence, the event stream. ARGV: fence value, the stream's cap, the event line.
+const EVENT: &str = fenced_script!(
+    r"
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[3])
+return 1
+"
+);
+
+static EVENT_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(EVENT));
+
+/// Appends one event line (a JSON object) to the stream `troupe:{TEAM}:events`, fenced: a
+/// process replaced while it was stalled adds nothing that `lead watch` or `lead trace` would
+/// show.
 pub(crate) fn log_event(bus: &RedisBus, line: &[u8]) -> Result<()> {
     let key = bus.key("events");
+    let (fence, fence_value) = bus.fence_args();
     bus.with_conn("log an event", |c| {
-        redis::cmd("XADD")
-            .arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
+        EVENT_SCRIPT
+            .key(&fence)
+            .key(&key)
+            .arg(&fence_value)
             .arg(EVENTS_LEN)
-            .arg("*")
-            .arg("e")
             .arg(line)
-            .query::<()>(c)
+            .invoke::<i64>(c)
     })
+    .map(drop)
 }
 
 /// The event lines after position `after` (0: from the first), and the position of the last
@@ -441,5 +510,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("needs a password"), "{e}");
+    }
+
+    #[test]
+    fn a_fence_refuses_a_stale_or_missing_key_and_an_unfenced_process_passes() {
+        assert_eq!(refusal("3", Some("3")), None);
+        assert_eq!(refusal("3", Some("4")), Some(Refusal::Stale("4".into())));
+        assert_eq!(refusal("3", None), Some(Refusal::Missing));
+        // Not fenced (a person's `lead send`): whatever the key holds, or none.
+        assert_eq!(refusal("", None), None);
+        assert_eq!(refusal("", Some("4")), None);
+    }
+
+    #[test]
+    fn a_missing_key_does_not_mark_the_process_replaced() {
+        let b = RedisBus::with_password("redis://127.0.0.1", "pw").unwrap();
+        b.set_fence(b.member_fence("ann", 2));
+        let e = b.refused(Refusal::Missing);
+        assert!(
+            matches!(&e, Error::Unfenced { key, .. } if key == "troupe:{default}:epoch:ann"),
+            "{e}"
+        );
+        assert!(!b.replaced());
+        let e = b.refused(Refusal::Stale("3".into()));
+        assert!(
+            matches!(&e, Error::Fenced { current, .. } if current == "3"),
+            "{e}"
+        );
+        assert!(b.replaced());
     }
 }
