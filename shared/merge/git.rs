@@ -34,14 +34,50 @@ pub fn check_cache_path(repo: &Path) -> PathBuf {
 }
 
 /// Makes `cmd` (a git) read no system or global config, nor config handed down in the
-/// environment: only the repository's own.
+/// environment: only the repository's own, and the person's `safe.directory` entries (see
+/// [`persons_safe_directories`]).
 pub fn isolated(cmd: &mut Command) -> &mut Command {
     cmd.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env_remove("GIT_CONFIG_SYSTEM")
         .env_remove("GIT_CONFIG_PARAMETERS")
-        .env_remove("GIT_CONFIG_COUNT")
-        .env_remove("GIT_CONFIG")
+        .env_remove("GIT_CONFIG");
+    let safe = persons_safe_directories();
+    cmd.env("GIT_CONFIG_COUNT", safe.len().to_string());
+    for (i, dir) in safe.iter().enumerate() {
+        cmd.env(format!("GIT_CONFIG_KEY_{i}"), "safe.directory")
+            .env(format!("GIT_CONFIG_VALUE_{i}"), dir);
+    }
+    cmd
+}
+
+/// The `safe.directory` entries of the person's system and global config, read once: git
+/// takes them only from there (or the command line), and a repository owned by another user
+/// that the person allowed must stay usable to the queue. Reading config runs no program.
+fn persons_safe_directories() -> &'static [String] {
+    static SAFE_DIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SAFE_DIRS.get_or_init(|| {
+        let mut out = Vec::new();
+        for scope in ["--system", "--global"] {
+            let o = Command::new("git")
+                .args(["config", scope, "--get-all", "safe.directory"])
+                .env_remove("GIT_DIR")
+                .env_remove("GIT_CONFIG_PARAMETERS")
+                .env_remove("GIT_CONFIG_COUNT")
+                .stdin(std::process::Stdio::null())
+                .output();
+            if let Ok(o) = o
+                && o.status.success()
+            {
+                out.extend(
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .map(str::to_owned),
+                );
+            }
+        }
+        out
+    })
 }
 
 /// `git -C dir ARGS` as the queue runs it: [`SAFE`], [`isolated`], no inherited repository
