@@ -70,6 +70,10 @@ pub struct TeamFile {
     /// work (default `troupe/integration`); left out, left as it is.
     #[serde(default)]
     pub target_branch: Option<String>,
+    /// Sets `shared_check_cache` in config.json: the `merge_check` hooks keep one build cache
+    /// for every entry (default: one per entry); left out, left as it is.
+    #[serde(default)]
+    pub shared_check_cache: Option<bool>,
     /// Sets `max_spawns_per_minute` in config.json; left out, left as it is.
     #[serde(default)]
     pub max_spawns_per_minute: Option<u32>,
@@ -191,6 +195,7 @@ pub struct Plan {
     pub team_budget_usd: Option<f64>,
     pub max_members: Option<u32>,
     pub target_branch: Option<String>,
+    pub shared_check_cache: Option<bool>,
     pub max_spawns_per_minute: Option<u32>,
     pub max_concurrent_calls: Option<u32>,
     pub model_caps: Option<std::collections::BTreeMap<String, u32>>,
@@ -345,6 +350,7 @@ pub fn validate(
         team_budget_usd: file.team_budget_usd,
         max_members: file.max_members,
         target_branch: file.target_branch,
+        shared_check_cache: file.shared_check_cache,
         max_spawns_per_minute: file.max_spawns_per_minute,
         max_concurrent_calls: file.max_concurrent_calls,
         model_caps: file.model_caps,
@@ -456,6 +462,7 @@ pub fn diff(
     let declared = plan.team_budget_usd.is_some()
         || plan.max_members.is_some()
         || plan.target_branch.is_some()
+        || plan.shared_check_cache.is_some()
         || plan.max_spawns_per_minute.is_some()
         || plan.max_concurrent_calls.is_some()
         || plan.model_caps.is_some()
@@ -470,6 +477,9 @@ pub fn diff(
         }
         if plan.target_branch.is_some() && cfg.target_branch != plan.target_branch {
             fields.push("target_branch");
+        }
+        if plan.shared_check_cache.is_some() && cfg.shared_check_cache != plan.shared_check_cache {
+            fields.push("shared_check_cache");
         }
         if plan.max_spawns_per_minute.is_some()
             && cfg.max_spawns_per_minute != plan.max_spawns_per_minute
@@ -702,6 +712,9 @@ fn apply(team: &TeamDir, plan: &Plan, changes: &Changes) -> anyhow::Result<Vec<I
             }
             if let Some(b) = &plan.target_branch {
                 cfg.target_branch = Some(b.clone());
+            }
+            if let Some(b) = plan.shared_check_cache {
+                cfg.shared_check_cache = Some(b);
             }
             if let Some(n) = plan.max_spawns_per_minute {
                 cfg.max_spawns_per_minute = Some(n);

@@ -338,6 +338,11 @@ pub struct TeamConfig {
     /// `target_branch`; `lead run --target` overrides it; default `troupe/integration`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_branch: Option<String>,
+    /// The `merge_check` hooks share one build cache (`CARGO_TARGET_DIR`) across entries, the
+    /// members' alike (team file `shared_check_cache`); left out or false, each entry's checks
+    /// start from an empty one, so that one member's build cannot leave what another's trusts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_check_cache: Option<bool>,
     /// At most this many spawns that start a process within a minute (`lead run
     /// --max-spawns-per-minute`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -372,6 +377,7 @@ impl Default for TeamConfig {
             hooks: Vec::new(),
             max_members: None,
             target_branch: None,
+            shared_check_cache: None,
             max_spawns_per_minute: None,
             spawn_times: Vec::new(),
             max_concurrent_calls: None,

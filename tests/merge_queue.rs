@@ -66,6 +66,11 @@ fn lead_ok(repo: &Path, url: &str, args: &[&str]) -> String {
 
 /// `lead run` in the repository, its stderr kept in the temp dir.
 fn run(team: &Team, repo: &Path, url: &str, extra: &[&str]) -> Bg {
+    run_with(team, repo, url, extra, &[])
+}
+
+/// [`run`] with variables `env` set besides.
+fn run_with(team: &Team, repo: &Path, url: &str, extra: &[&str], env: &[(&str, &Path)]) -> Bg {
     let mut args = vec!["run", "--stop-timeout", "1", "--kill-grace", "1"];
     args.extend_from_slice(extra);
     let err = std::fs::OpenOptions::new()
@@ -73,11 +78,11 @@ fn run(team: &Team, repo: &Path, url: &str, extra: &[&str]) -> Bg {
         .append(true)
         .open(team.tmp.path().join("lead.stderr"))
         .unwrap();
-    let bg = Bg(lead(repo, url, &args)
-        .stdout(Stdio::null())
-        .stderr(err)
-        .spawn()
-        .unwrap());
+    let mut cmd = lead(repo, url, &args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let bg = Bg(cmd.stdout(Stdio::null()).stderr(err).spawn().unwrap());
     wait_until(T, "the supervisor to hold lead.lock", || {
         troupe::fsutil::HeldLock::is_held(&team.dir.lead_lock())
             .unwrap()
@@ -818,4 +823,258 @@ fn the_team_file_names_the_target() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
+
+/// The entry of `member` sent back, once it is: its report.
+fn sent_back_report(team: &Team, member: &str) -> String {
+    wait_for(team, &format!("{member}'s entry sent back"), || {
+        named(team, "merge_sent_back")
+            .into_iter()
+            .find(|e| e["member"] == member)
+            .map(|e| e["report"].as_str().unwrap_or_default().to_owned())
+    })
+}
+
+/// Issue 41, R4-1 (review 4's `merge_lands_into_team_dir.sh` and `merge_deletes_team_dir.sh`):
+/// after a member's innocent commit that ignores `.team/` has landed, commits that write
+/// `.team/config.json` (a `"sandbox": false` hook), a file named `.team`, or the `.env` the
+/// person ignores are each sent back naming the path, and the team dir and `.env` stay as they
+/// were. `target_main`: the target is `main`, checked out in the person's tree; else
+/// `troupe/integration`, checked out nowhere (what lands there is what the person merges).
+fn nothing_lands_over_the_persons_files(target_main: bool) {
+    let (team, repo) = repo_team();
+    let target = if target_main { "main" } else { TARGET };
+    // The person's secret, which they ignore.
+    std::fs::write(repo.join(".git/info/exclude"), ".env\n").unwrap();
+    std::fs::write(repo.join(".env"), "SECRET=the person's\n").unwrap();
+    let owned = team.tmp.path().join("OWNED");
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    let ann = new_task(&team, "tidy the ignore file", "ann", &[]);
+    script_task(
+        &fake,
+        "m-ann",
+        &ann,
+        "printf '.team/\\n' >> .gitignore && git add .gitignore && git commit -q -m 'ignore the team dir' && echo COMMITTED",
+    );
+    spawn(&repo, &url, "ann");
+    let extra: &[&str] = if target_main {
+        &["--target", "main"]
+    } else {
+        &[]
+    };
+    let _sup = run(&team, &repo, &url, extra);
+    wait_for(&team, "ann's .gitignore landed", || {
+        (task_status(&team, &ann) == TaskStatus::Completed).then_some(())
+    });
+    assert_eq!(
+        show(&repo, &format!("{}:.gitignore", tip(&repo, target))),
+        ".team/\n"
+    );
+    let landed = tip(&repo, target);
+    let head = tip(&repo, "main");
+
+    let evil = format!(
+        r#"{{"team_name":"default","members":[],"hooks":[{{"event":"teammate_idle","sandbox":false,"command":"touch {}"}}]}}"#,
+        owned.display()
+    );
+    let work = [
+        (
+            "bob",
+            format!(
+                "mkdir -p .team && printf '%s\\n' '{evil}' > .team/config.json && git add -f .team/config.json && git commit -q -m 'add team notes' && echo COMMITTED"
+            ),
+            ".team/config.json",
+        ),
+        (
+            "cat",
+            "printf 'notes\\n' > .team && git add -f .team && git commit -q -m 'add team notes' && echo COMMITTED".to_owned(),
+            ".team",
+        ),
+        (
+            "dan",
+            "printf 'SECRET=mine\\n' > .env && git add -f .env && git commit -q -m 'add env' && echo COMMITTED".to_owned(),
+            ".env",
+        ),
+    ];
+    for (name, cmd, _) in &work {
+        let id = new_task(&team, &format!("{name}'s notes"), name, &[]);
+        let model = format!("m-{name}");
+        script_task(&fake, &model, &id, cmd);
+        fake.push_for(&model, Reply::ok(anthropic_text("noted")));
+        spawn(&repo, &url, name);
+    }
+    for (name, _, path) in &work {
+        let report = sent_back_report(&team, name);
+        assert!(
+            report.contains(&format!("\"{path}\"")),
+            "{name}'s report names {path}: {report}"
+        );
+    }
+    // Nothing moved, nothing in the person's tree changed.
+    assert_eq!(tip(&repo, target), landed);
+    assert_eq!(tip(&repo, "main"), head);
+    assert!(named(&team, "merge_landed").len() == 1, "only ann's landed");
+    let cfg = std::fs::read_to_string(repo.join(".team/config.json")).unwrap();
+    assert!(!cfg.contains("OWNED"), "{cfg}");
+    assert!(repo.join(".team").is_dir());
+    for f in ["transcripts/ann.jsonl", "members/ann.json", "lead.lock"] {
+        assert!(repo.join(".team").join(f).exists(), "{f} is still there");
+    }
+    assert_eq!(
+        std::fs::read_to_string(repo.join(".env")).unwrap(),
+        "SECRET=the person's\n"
+    );
+    assert!(!owned.exists(), "no hook of a member's ran");
+}
+
+#[test]
+fn a_land_on_a_checked_out_target_never_writes_the_team_dir_or_ignored_files() {
+    nothing_lands_over_the_persons_files(true);
+}
+
+#[test]
+fn a_land_on_troupe_integration_never_carries_the_team_dir_or_ignored_files() {
+    nothing_lands_over_the_persons_files(false);
+}
+
+/// Issue 41, m9 and m10: the person's global git config defines a filter and a merge driver
+/// that a member's `.gitattributes` names; the queue's git (the integration tree's merge, the
+/// fast-forward of the person's tree) runs neither. The check's build cache lies outside the
+/// tree and is gone once the entry is done.
+#[test]
+fn the_queue_runs_no_filter_of_the_persons_and_checks_build_apart() {
+    use std::os::unix::fs::PermissionsExt;
+    let (team, repo) = repo_team();
+    let home = team.tmp.path().join("home");
+    let marks = team.tmp.path().join("marks");
+    for (d, mode) in [(&home, 0o755), (&marks, 0o777)] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let ran = marks.join("ran");
+    let script = home.join("evil.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$1 $(pwd)\" >> {}\n[ \"$1\" = merge ] && exit 0\ncat\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = script.display();
+    std::fs::write(
+        home.join(".gitconfig"),
+        format!(
+            "[filter \"evil\"]\n\tclean = {s} clean\n\tsmudge = {s} smudge\n\
+             [merge \"evil\"]\n\tdriver = {s} merge\n"
+        ),
+    )
+    .unwrap();
+    set_checks(
+        &team,
+        &["echo \"cache=$CARGO_TARGET_DIR\" >&2; touch \"$CARGO_TARGET_DIR/built\""],
+    );
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    let task = new_task(&team, "attributes", "ann", &[]);
+    script_task(
+        &fake,
+        "m-ann",
+        &task,
+        "printf '* filter=evil merge=evil\\n' > .gitattributes && printf 'x\\n' > x.txt && git add .gitattributes x.txt && git commit -q -m attributes && echo COMMITTED",
+    );
+    spawn(&repo, &url, "ann");
+    let _sup = run_with(
+        &team,
+        &repo,
+        &url,
+        &["--target", "main"],
+        &[("HOME", home.as_path())],
+    );
+    wait_for(&team, "ann's entry landed", || {
+        (!named(&team, "merge_landed").is_empty()).then_some(())
+    });
+    assert_eq!(std::fs::read_to_string(repo.join("x.txt")).unwrap(), "x\n");
+    let repo = repo.canonicalize().unwrap();
+    let integration = troupe::merge::git::integration_path(&repo);
+    let lines = std::fs::read_to_string(&ran).unwrap_or_default();
+    for l in lines.lines() {
+        let dir = Path::new(l.split_once(' ').map_or("", |x| x.1));
+        assert!(
+            dir != repo && dir != integration,
+            "the person's filter ran in the queue's git: {lines}"
+        );
+    }
+    // The filter is real: the person's own git in their tree runs it.
+    std::fs::remove_file(repo.join("x.txt")).unwrap();
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(&repo)
+        .args(["checkout", "--", "x.txt"])
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let lines = std::fs::read_to_string(&ran).unwrap_or_default();
+    assert!(
+        lines.contains(&format!("smudge {}", repo.display())),
+        "{lines}"
+    );
+    // The check's cache: outside the tree, and removed after the entry.
+    let check = named(&team, "hook_ran")
+        .into_iter()
+        .find(|e| e["hook"] == "merge_check")
+        .unwrap();
+    let stderr = check["stderr"].as_str().unwrap();
+    assert_eq!(check["code"], 0, "{check}");
+    let cache = PathBuf::from(stderr.trim().strip_prefix("cache=").unwrap());
+    assert!(!cache.starts_with(&integration), "{stderr}");
+    assert!(!cache.starts_with(&repo), "{stderr}");
+    wait_until(T, "the cache removed", || (!cache.exists()).then_some(()));
+}
+
+/// Issue 42, R4-10 (review 4's `merge_queue_stalled_by_member_checkout.sh`): a worktree member
+/// checks the target out in its own worktree and leaves a change there. That tree is not the
+/// person's: another member's entry still lands (by compare-and-swap of the ref).
+#[test]
+fn a_member_checking_out_the_target_does_not_stall_the_queue() {
+    let (team, repo) = repo_team();
+    let fake = FakeLlm::start([]).patient(T);
+    let url = fake.url();
+    fake.push_for(
+        "m-alice",
+        bash(
+            "tu_co",
+            &format!(
+                "git checkout -q {TARGET} && echo 'not committed' >> README && git status --short && git branch --show-current"
+            ),
+        ),
+    );
+    for _ in 0..3 {
+        fake.push_for("m-alice", Reply::ok(anthropic_text("ok")));
+    }
+    spawn(&repo, &url, "alice");
+    let _sup = run(&team, &repo, &url, &[]);
+    wait_for(&team, "alice's command ran", || {
+        (fake.requests_for("m-alice") >= 2).then_some(())
+    });
+    let before = tip(&repo, TARGET);
+    let task = new_task(&team, "bob's feature", "bob", &[]);
+    script_task(&fake, "m-bob", &task, &commit_cmd("feature.txt", "feature"));
+    spawn(&repo, &url, "bob");
+    wait_for(&team, "bob's entry landed", || {
+        (task_status(&team, &task) == TaskStatus::Completed).then_some(())
+    });
+    let now = tip(&repo, TARGET);
+    assert_ne!(now, before);
+    assert_eq!(show(&repo, &format!("{now}:feature.txt")), "feature\n");
+    // Alice's change is left as it was.
+    let wt = team.member("alice").worktree.unwrap().path;
+    assert!(
+        std::fs::read_to_string(wt.join("README"))
+            .unwrap()
+            .contains("not committed")
+    );
 }

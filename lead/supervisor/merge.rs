@@ -8,15 +8,23 @@
 //! the tip it was merged onto. A conflict, a failed check or a commit with nothing beyond the
 //! target sends the entry back (its task to its owner, `in_progress`, or `pending` if the owner
 //! has ended); a check that gives no verdict (a timeout, a signal, a spawn error) stops the
-//! queue on that entry until `lead merge --retry`. A target checked out in a tree moves only
-//! with that tree, by fast-forward when it is clean; otherwise the entry waits.
+//! queue on that entry until `lead merge --retry`. A target checked out in a tree of the
+//! person's moves only with that tree, by fast-forward when it is clean; otherwise the entry
+//! waits. A tree troupe made (a member's worktree, which a member may have put on the target)
+//! is not the person's: the ref moves by compare-and-swap, as when the target is checked out
+//! nowhere, and the member is told.
+//!
+//! Whatever the target, a candidate that would write into the team dir, or create over,
+//! overwrite or delete an untracked or ignored path of the person's tree, is sent back naming
+//! the paths (see [`troupe::merge::contain`]): before its checks run, and again just before
+//! the land.
 //!
 //! Nothing is kept in memory: a supervisor killed during a check finds the entry `checking` at
 //! its next start and checks it again (a land it had made already is recognised: the target
 //! holds the recorded merge commit), so the target moves at most once per entry.
 
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -25,6 +33,7 @@ use serde_json::json;
 use troupe::TeamDir;
 use troupe::config::{MemberStatus, Roster, TeamConfig};
 use troupe::hooks::HookEvent;
+use troupe::merge::contain::{self, PersonsTree};
 use troupe::merge::git::{self as mgit, Integration, Merged};
 use troupe::merge::{MergeEntry, MergeState, MergeStore};
 use troupe::sandbox::{Sandbox, Settings as SandboxSettings};
@@ -89,6 +98,41 @@ enum After {
     Next,
     /// Wait (for a clean tree, a retry, the next start): the entries behind it wait too.
     Hold,
+}
+
+/// Where the target is checked out.
+enum Checkout {
+    /// Nowhere.
+    Nowhere,
+    /// In a tree of the person's (the main tree, or a linked worktree troupe did not make).
+    Persons(PathBuf),
+    /// In a tree troupe made: member `member`'s worktree (`None`: not a member's, such as the
+    /// integration tree or a left-over dir under `<repo>.troupe/`).
+    Troupes {
+        tree: PathBuf,
+        member: Option<String>,
+    },
+}
+
+/// The path `p` made canonical where it can be, else as it is.
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Whether the tree at `tree` is one troupe made in the repository at `repo`, and whose: under
+/// `<repo>.troupe/`, or the worktree the roster records for a member (in whatever layout).
+fn troupes_tree(cfg: &TeamConfig, repo: &Path, tree: &Path) -> Option<Option<String>> {
+    let tree = canonical(tree);
+    let member = cfg.members.iter().find_map(|m| {
+        let wt = m.worktree.as_ref()?;
+        (canonical(&wt.path) == tree).then(|| m.name.clone())
+    });
+    if member.is_some() {
+        return Some(member);
+    }
+    let kept = troupe::worktree::path_for(repo, "x");
+    let kept = kept.parent().map(canonical)?;
+    tree.starts_with(&kept).then_some(None)
 }
 
 /// A check's verdict.
@@ -246,6 +290,11 @@ impl Queue {
                 return Ok(After::Next);
             }
         };
+        // Refused before the checks spend their time on it.
+        if let Some(why) = self.refusal(cfg, &e, &repo, &target, &tip, &candidate)? {
+            self.send_back(cfg, &e, why)?;
+            return Ok(After::Next);
+        }
         let (now, moved) = self
             .store
             .update_checking(&e.id, &target, &tip, &candidate)?;
@@ -318,9 +367,15 @@ impl Queue {
         base: &str,
         candidate: &str,
     ) -> anyhow::Result<After> {
-        if let Some(tree) = mgit::checked_out_at(repo, target)? {
+        // The person's tree may have gained files since the checks began.
+        if let Some(why) = self.refusal(cfg, e, repo, target, base, candidate)? {
+            self.send_back(cfg, e, why)?;
+            return Ok(After::Next);
+        }
+        let checkout = self.checkout(cfg, repo, target)?;
+        if let Checkout::Persons(tree) = &checkout {
             // A checked-out branch moves only with its tree, and only over a clean one.
-            if mgit::tree_is_dirty(&tree)? {
+            if mgit::tree_is_dirty(tree)? {
                 let (s, moved) = self.store.set_state(
                     &e.id,
                     &[MergeState::Checking, MergeState::Waiting],
@@ -337,7 +392,7 @@ impl Queue {
                 }
                 return Ok(After::Hold);
             }
-            if let Err(why) = mgit::fast_forward_tree(&tree, candidate)? {
+            if let Err(why) = mgit::fast_forward_tree(tree, candidate)? {
                 if mgit::branch_tip(repo, target)?.as_deref() != Some(base) {
                     // The tree's branch moved meanwhile (a person's commit): merge again.
                     self.requeue(e)?;
@@ -357,7 +412,15 @@ impl Queue {
             }
         } else {
             match mgit::compare_and_swap(repo, target, candidate, base)? {
-                Ok(true) => {}
+                Ok(true) => {
+                    if let Checkout::Troupes {
+                        tree,
+                        member: Some(member),
+                    } = &checkout
+                    {
+                        self.tell_checked_out(cfg, e, member, tree, target);
+                    }
+                }
                 Ok(false) => {
                     self.requeue(e)?;
                     return Ok(After::Next);
@@ -376,6 +439,101 @@ impl Queue {
         }
         self.landed(cfg, e, repo, candidate)?;
         Ok(After::Next)
+    }
+
+    /// Where `target` is checked out, and whose tree that is.
+    fn checkout(&self, cfg: &TeamConfig, repo: &Path, target: &str) -> anyhow::Result<Checkout> {
+        let Some(tree) = mgit::checked_out_at(repo, target)? else {
+            return Ok(Checkout::Nowhere);
+        };
+        Ok(match troupes_tree(cfg, repo, &tree) {
+            Some(member) => Checkout::Troupes { tree, member },
+            None => Checkout::Persons(tree),
+        })
+    }
+
+    /// Why `candidate` (merged onto `base` of `target`) may not land, if it may not: the paths
+    /// it changes that meet the team dir or an untracked or ignored path of the person's main
+    /// tree, or of the person's tree where the target is checked out if that is another.
+    fn refusal(
+        &self,
+        cfg: &TeamConfig,
+        e: &MergeEntry,
+        repo: &Path,
+        target: &str,
+        base: &str,
+        candidate: &str,
+    ) -> anyhow::Result<Option<String>> {
+        let changed = mgit::changed_paths(repo, base, candidate)?;
+        if changed.is_empty() {
+            return Ok(None);
+        }
+        let mut tops = vec![repo.to_path_buf()];
+        if let Checkout::Persons(t) = self.checkout(cfg, repo, target)?
+            && canonical(&t) != canonical(repo)
+        {
+            tops.push(t);
+        }
+        let team = canonical(self.team.root());
+        let mut trees = Vec::new();
+        for top in tops {
+            let team_dir = team
+                .strip_prefix(canonical(&top))
+                .ok()
+                .map(Path::to_path_buf);
+            let untracked = mgit::untracked_paths(&top)?;
+            trees.push(PersonsTree {
+                top,
+                team_dir,
+                untracked,
+            });
+        }
+        let clashes = contain::clashes(&changed, &trees);
+        if clashes.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "{} merged into {target} would write paths a land may not touch, {}; nothing \
+             landed. Those are the team's and the person's, never a member's to change: take \
+             them out of your branch (git rm -r --cached PATH, then commit), and complete the \
+             task again",
+            e.branch,
+            contain::describe(&clashes)
+        )))
+    }
+
+    /// Tells `member`, whose worktree at `tree` has `target` checked out, that the target moved
+    /// under it.
+    fn tell_checked_out(
+        &self,
+        cfg: &TeamConfig,
+        e: &MergeEntry,
+        member: &str,
+        tree: &Path,
+        target: &str,
+    ) {
+        if cfg
+            .member(member)
+            .is_none_or(|m| m.status.is_terminal() || m.host != self.host)
+        {
+            return;
+        }
+        let own = cfg
+            .member(member)
+            .and_then(|m| m.worktree.as_ref())
+            .map_or_else(|| troupe::worktree::branch_of(member), |w| w.branch.clone());
+        super::hooks::tell(
+            &self.team,
+            member,
+            &format!("merge:checked_out:{}:{}", e.id, e.attempts),
+            format!(
+                "The merge queue landed {} on {target}, which your worktree {} has checked out: \
+                 your files and index are now behind it. Work on your own branch: git checkout \
+                 {own}",
+                e.branch,
+                tree.display()
+            ),
+        );
     }
 
     /// Back to `queued` (the target moved between the merge and the land).
@@ -531,9 +689,9 @@ impl Queue {
             return Some(Verdict::Passed);
         }
         let target_dir = tree.check_target_dir();
-        let _ = std::fs::create_dir_all(&target_dir);
-        // The tree is the only place the checks may write (the kept target dir is inside it).
-        let sandbox = self.sandbox_for(&tree.path);
+        let _cache = CheckCache::start(target_dir.clone(), cfg.shared_check_cache == Some(true));
+        // The tree and the cache beside it are the only places the checks may write.
+        let sandbox = self.sandbox_for(&tree.path, &target_dir);
         let input = json!({"event": HookEvent::MergeCheck, "entry": e}).to_string();
         let mut env = vec![
             ("TROUPE_HOOK_EVENT".to_owned(), "merge_check".to_owned()),
@@ -598,15 +756,16 @@ impl Queue {
         Some(Verdict::Passed)
     }
 
-    /// The sandbox of the checks in the integration tree at `tree`: the team's settings less
-    /// `--sandbox-write` (the tree is the only place they may write), prepared once per tree.
-    fn sandbox_for(&self, tree: &Path) -> Arc<Sandbox> {
+    /// The sandbox of the checks in the integration tree at `tree`: the team's settings with
+    /// `--sandbox-write` replaced by the checks' build cache `target_dir` (the tree and it are
+    /// the only places they may write), prepared once per tree.
+    fn sandbox_for(&self, tree: &Path, target_dir: &Path) -> Arc<Sandbox> {
         let mut cache = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, sb)) = cache.iter().find(|(p, _)| p == tree) {
             return sb.clone();
         }
         let mut settings = self.sandbox.clone();
-        settings.write.clear();
+        settings.write = vec![target_dir.to_path_buf()];
         let sb = Arc::new(Sandbox::prepare(
             &settings,
             tree,
@@ -616,6 +775,43 @@ impl Queue {
         ));
         cache.push((tree.to_path_buf(), sb.clone()));
         sb
+    }
+}
+
+/// The checks' build cache for one entry: made empty when it starts and removed when it is
+/// dropped, unless the team keeps one cache for all entries (`shared_check_cache`), so that
+/// what one member's build leaves is not what another's check trusts.
+struct CheckCache {
+    dir: PathBuf,
+    shared: bool,
+}
+
+impl CheckCache {
+    fn start(dir: PathBuf, shared: bool) -> CheckCache {
+        if !shared {
+            remove_dir(&dir);
+        }
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!("merge queue: {}: {e}", dir.display());
+        }
+        CheckCache { dir, shared }
+    }
+}
+
+impl Drop for CheckCache {
+    fn drop(&mut self) {
+        if !self.shared {
+            remove_dir(&self.dir);
+        }
+    }
+}
+
+/// Removes `dir` and all in it, if it is there.
+fn remove_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("merge queue: remove {}: {e}", dir.display()),
     }
 }
 

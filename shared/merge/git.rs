@@ -4,24 +4,164 @@
 //! explicitly (never read from its `.git` file, which the checks can write) and with hooks and
 //! fsmonitor off (see [`crate::worktree`]).
 //!
+//! None of it reads the person's system or global git config ([`isolated`]): a filter or a
+//! merge driver defined there would run on whatever `.gitattributes` a member's commit names.
+//! The repository's own config still counts, and the queue adds only an identity for its merge
+//! commits where the repository sets none.
+//!
 //! Integrating is a merge (`--no-ff`) of the member's commit onto the target's tip, not a
 //! rebase: the member's commits land as they are, so its branch stays an ancestor of the target
 //! and is fast-forwarded after the land, and a conflict is resolved once, on the member's branch,
 //! by merging the target into it.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 
 use crate::error::{Error, Result};
-use crate::worktree::{admin_of, git, git_in, git_ok};
-
-/// The name of the kept `CARGO_TARGET_DIR` inside the integration tree: left by `git clean`, so
-/// that checks do not build from nothing each time.
-pub const CHECK_TARGET_DIR: &str = ".troupe-check-target";
+use crate::worktree::{SAFE, admin_of, git_in};
 
 /// The integration tree of the repository whose main tree is `repo`.
 pub fn integration_path(repo: &Path) -> PathBuf {
     crate::worktree::path_for(repo, ".integration")
+}
+
+/// The `CARGO_TARGET_DIR` of the `merge_check` hooks of the repository whose main tree is
+/// `repo`: beside the integration tree, not in it, so that nothing a check builds is in the
+/// tree that is merged and checked (or could be tracked there). It is emptied after each entry
+/// unless the team keeps one cache for all (`shared_check_cache`).
+pub fn check_cache_path(repo: &Path) -> PathBuf {
+    crate::worktree::path_for(repo, ".check-target")
+}
+
+/// Makes `cmd` (a git) read no system or global config, nor config handed down in the
+/// environment: only the repository's own, and the person's `safe.directory` entries (see
+/// [`persons_safe_directories`]).
+pub fn isolated(cmd: &mut Command) -> &mut Command {
+    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env_remove("GIT_CONFIG_SYSTEM")
+        .env_remove("GIT_CONFIG_PARAMETERS")
+        .env_remove("GIT_CONFIG");
+    let safe = persons_safe_directories();
+    cmd.env("GIT_CONFIG_COUNT", safe.len().to_string());
+    for (i, dir) in safe.iter().enumerate() {
+        cmd.env(format!("GIT_CONFIG_KEY_{i}"), "safe.directory")
+            .env(format!("GIT_CONFIG_VALUE_{i}"), dir);
+    }
+    cmd
+}
+
+/// The `safe.directory` entries of the person's system and global config, read once: git
+/// takes them only from there (or the command line), and a repository owned by another user
+/// that the person allowed must stay usable to the queue. Reading config runs no program.
+fn persons_safe_directories() -> &'static [String] {
+    static SAFE_DIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SAFE_DIRS.get_or_init(|| {
+        let mut out = Vec::new();
+        for scope in ["--system", "--global"] {
+            let o = Command::new("git")
+                .args(["config", scope, "--get-all", "safe.directory"])
+                .env_remove("GIT_DIR")
+                .env_remove("GIT_CONFIG_PARAMETERS")
+                .env_remove("GIT_CONFIG_COUNT")
+                .stdin(std::process::Stdio::null())
+                .output();
+            if let Ok(o) = o
+                && o.status.success()
+            {
+                out.extend(
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .map(str::to_owned),
+                );
+            }
+        }
+        out
+    })
+}
+
+/// `git -C dir ARGS` as the queue runs it: [`SAFE`], [`isolated`], no inherited repository
+/// overrides, stdin closed.
+fn git(dir: &Path, args: &[&str]) -> Result<Output> {
+    let mut cmd = Command::new("git");
+    cmd.arg("-C")
+        .arg(dir)
+        .args(SAFE)
+        .args(args)
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_COMMON_DIR")
+        .stdin(std::process::Stdio::null());
+    isolated(&mut cmd).output().map_err(|source| Error::Io {
+        op: "run git in",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// [`git`], its stdout when it succeeds, else [`Error::Git`] with its stderr.
+fn git_ok(dir: &Path, args: &[&str]) -> Result<String> {
+    let o = git(dir, args)?;
+    if !o.status.success() {
+        return Err(Error::Git {
+            op: format!("git {}", args.join(" ")),
+            dir: dir.to_path_buf(),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
+}
+
+/// [`git`]'s raw stdout (for `-z` output), or [`Error::Git`].
+fn git_bytes(dir: &Path, args: &[&str]) -> Result<Vec<u8>> {
+    let o = git(dir, args)?;
+    if !o.status.success() {
+        return Err(Error::Git {
+            op: format!("git {}", args.join(" ")),
+            dir: dir.to_path_buf(),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+        });
+    }
+    Ok(o.stdout)
+}
+
+/// The paths that differ between commits `base` and `candidate` (what taking `candidate` over
+/// `base` writes, creates or deletes), relative to the tree's top, each as git has it.
+pub fn changed_paths(repo: &Path, base: &str, candidate: &str) -> Result<Vec<PathBuf>> {
+    let out = git_bytes(
+        repo,
+        &[
+            "diff-tree",
+            "-r",
+            "-z",
+            "--name-only",
+            "--no-renames",
+            "--no-commit-id",
+            base,
+            candidate,
+        ],
+    )?;
+    Ok(super::contain::nul_paths(&out))
+}
+
+/// The untracked and ignored paths of the tree at `dir`, relative to its top: a dir that is
+/// untracked or ignored as a whole is one entry (`dir/`), not looked into.
+pub fn untracked_paths(dir: &Path) -> Result<Vec<PathBuf>> {
+    let out = git_bytes(
+        dir,
+        &[
+            "--no-optional-locks",
+            "status",
+            "--porcelain",
+            "-z",
+            "--no-renames",
+            "--untracked-files=normal",
+            "--ignored=matching",
+            "--ignore-submodules=all",
+        ],
+    )?;
+    Ok(super::contain::untracked_of_status(&out))
 }
 
 /// The commit `refs/heads/BRANCH` points at, if the branch exists.
@@ -111,9 +251,19 @@ pub fn tree_is_dirty(dir: &Path) -> Result<bool> {
 }
 
 /// Moves the branch checked out at `dir` (and the tree with it) to `commit` if that is a
-/// fast-forward (`git merge --ff-only`): `Err` with git's stderr when it did not.
+/// fast-forward (`git merge --ff-only`), never over an ignored file (`--no-overwrite-ignore`:
+/// a second wall behind [`super::contain`]): `Err` with git's stderr when it did not.
 pub fn fast_forward_tree(dir: &Path, commit: &str) -> Result<std::result::Result<(), String>> {
-    let o = git(dir, &["merge", "--ff-only", "--quiet", commit])?;
+    let o = git(
+        dir,
+        &[
+            "merge",
+            "--ff-only",
+            "--no-overwrite-ignore",
+            "--quiet",
+            commit,
+        ],
+    )?;
     Ok(if o.status.success() {
         Ok(())
     } else {
@@ -217,15 +367,15 @@ impl Integration {
         })
     }
 
-    /// The kept `CARGO_TARGET_DIR` of the checks.
+    /// The `CARGO_TARGET_DIR` of the checks (see [`check_cache_path`]).
     pub fn check_target_dir(&self) -> PathBuf {
-        self.path.join(CHECK_TARGET_DIR)
+        check_cache_path(&self.repo)
     }
 
-    /// `git ARGS` in the integration tree, with its git dir and work tree named.
+    /// `git ARGS` in the integration tree, with its git dir and work tree named, [`isolated`].
     fn git(&self, args: &[&str]) -> Result<Output> {
         let mut cmd = git_in(&self.admin, &self.path, &self.repo);
-        cmd.args(args);
+        isolated(&mut cmd).args(args);
         // Who made the merge commit, when the repository and the user name nobody.
         if git(&self.repo, &["config", "user.email"]).is_ok_and(|o| !o.status.success()) {
             for who in ["AUTHOR", "COMMITTER"] {
@@ -252,8 +402,9 @@ impl Integration {
         Ok(String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
     }
 
-    /// Puts the tree at `tip`, as git has it: tracked files reset, everything else removed but
-    /// the kept target dir, and its `.git` file written again (a check may have changed it).
+    /// Puts the tree at `tip`, as git has it: tracked files reset, everything else removed (a
+    /// check's cache of an older version included), and its `.git` file written again (a check
+    /// may have changed it).
     pub fn reset(&self, tip: &str) -> Result<()> {
         let dot_git = self.path.join(".git");
         if std::fs::symlink_metadata(&dot_git).is_ok_and(|m| m.is_dir()) {
@@ -269,8 +420,7 @@ impl Integration {
         // A merge left half done by a crash.
         let _ = self.git(&["merge", "--abort"]);
         self.git_ok(&["reset", "--quiet", "--hard", tip])?;
-        let keep = format!("/{CHECK_TARGET_DIR}/");
-        self.git_ok(&["clean", "--quiet", "-ffdx", "-e", &keep])?;
+        self.git_ok(&["clean", "--quiet", "-ffdx"])?;
         Ok(())
     }
 

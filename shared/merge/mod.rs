@@ -8,10 +8,12 @@
 //! member and the commit). The supervisor's merge thread (`lead/supervisor/merge.rs`) takes the
 //! entries in order, one at a time, and moves each
 //! `queued -> checking -> landed | sent_back`, or to `waiting` while the target is checked out
-//! in a tree with changes of its own, or `stopped` when a check could not give a verdict (a
-//! timeout, a signal, a spawn error): the queue waits behind a stopped entry until
-//! `lead merge --retry`. `lead merge --cancel` takes an entry out.
+//! in the person's tree with changes of its own, or `stopped` when a check could not give a
+//! verdict (a timeout, a signal, a spawn error): the queue waits behind a stopped entry until
+//! `lead merge --retry`. `lead merge --cancel` takes an entry out. What a land may write is
+//! decided in [`contain`].
 
+pub mod contain;
 pub mod git;
 
 use serde::{Deserialize, Serialize};
