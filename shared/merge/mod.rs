@@ -210,9 +210,12 @@ pub fn describe(e: &MergeEntry) -> String {
     }
 }
 
-/// The first 7 characters of a commit id.
+/// The first 7 characters of a commit id, cut at a character (an entry edited by hand or torn
+/// may hold anything: review 4, R4-13, found `lead merge --list`, `lead status --json` and `lead
+/// top` panicking on a non-ASCII id cut inside a character).
 pub fn short(sha: &str) -> &str {
-    &sha[..sha.len().min(7)]
+    let end = sha.char_indices().nth(7).map_or(sha.len(), |(i, _)| i);
+    &sha[..end]
 }
 
 /// The team's merge queue.
@@ -420,6 +423,24 @@ impl MergeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_id_is_cut_at_a_character_whatever_the_entry_holds() {
+        assert_eq!(short("0123456789abcdef"), "0123456");
+        assert_eq!(short("ééééééééé"), "ééééééé");
+        assert_eq!(short("abc"), "abc");
+        assert_eq!(short(""), "");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn short_never_panics(v in proptest::collection::vec(proptest::char::any(), 0..20)) {
+            let s: String = v.into_iter().collect();
+            let cut = short(&s);
+            proptest::prop_assert!(s.starts_with(cut));
+            proptest::prop_assert!(cut.chars().count() <= 7);
+        }
+    }
 
     fn entry(id: &str, member: &str, state: MergeState, at: f64) -> MergeEntry {
         MergeEntry {
