@@ -85,7 +85,8 @@ pub fn merge(team: &TeamDir, a: MergeArgs) -> anyhow::Result<u8> {
             }
             .into());
         };
-        let Some(commit) = troupe::merge::git::branch_tip(&wt.repo, &wt.branch)? else {
+        // Taken from the member's store by a fetch that checks every object.
+        let Some(commit) = troupe::worktree::take_branch(wt)? else {
             return Err(crate::ExitError {
                 code: 2,
                 message: format!("{name}'s branch {} does not exist", wt.branch),

@@ -196,9 +196,13 @@ fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
                 &format!(
                     "git config user.name evil; echo \"config=$?\"; \
                      echo 'exit 0' > \"$(git rev-parse --git-common-dir)/hooks/pre-commit\"; \
-                     echo \"hooks=$?\"; git update-ref refs/heads/troupe/{other} HEAD; \
-                     echo \"sibling=$?\"; git update-ref refs/heads/main HEAD; echo \"main=$?\"",
-                    other = if name == "alice" { "bob" } else { "alice" }
+                     echo \"hooks=$?\"; echo 'exit 0' > {git}/hooks/pre-commit; \
+                     echo \"repo-hooks=$?\"; E=$(git rev-parse HEAD); \
+                     git --git-dir={git} update-ref refs/heads/troupe/{other} $E; \
+                     echo \"sibling=$?\"; git --git-dir={git} update-ref refs/heads/main $E; \
+                     echo \"main=$?\"",
+                    other = if name == "alice" { "bob" } else { "alice" },
+                    git = repo.join(".git").display()
                 ),
             ),
         );
@@ -247,19 +251,36 @@ fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
             !second.contains("config=0") && second.contains("config="),
             "{name}'s `git config` write was not refused: {second}\nsandbox: {sandbox}"
         );
-        assert!(
-            !second.contains("hooks=0") && second.contains("hooks="),
-            "{name}'s write into .git/hooks was not refused: {second}"
-        );
+        for what in ["hooks", "repo-hooks"] {
+            assert!(
+                !second.contains(&format!("{what}=0")) && second.contains(&format!("{what}=")),
+                "{name}'s write into a hooks dir ({what}) was not refused: {second}"
+            );
+        }
         for what in ["sibling", "main"] {
             assert!(
                 !second.contains(&format!("{what}=0")) && second.contains(&format!("{what}=")),
                 "{name} could move another branch ({what}): {second}"
             );
         }
+        // The commit is in the member's own store; the repository gets it only through the
+        // merge queue (or `lead worktree remove`), which fetches it.
         assert_eq!(
-            git_ok(&repo, &["show", &format!("troupe/{name}:same.txt")]),
+            git_ok(&wt, &["show", &format!("troupe/{name}:same.txt")]),
             format!("{name}\n")
+        );
+        let store = repo
+            .parent()
+            .unwrap()
+            .join(format!("repo.troupe/.stores/{name}.git"));
+        assert_eq!(
+            git_ok(&wt, &["rev-parse", "--absolute-git-dir"]).trim(),
+            store.canonicalize().unwrap().display().to_string()
+        );
+        assert_eq!(
+            git_ok(&repo, &["rev-parse", &format!("troupe/{name}")]).trim(),
+            main_head.trim(),
+            "the repository's troupe/{name} moved before anything took it"
         );
     }
     // The main tree, its branch and the repository's settings and hooks are as they were.

@@ -473,10 +473,33 @@ impl Runner {
             if let Some(m) = owner.and_then(|o| cfg.member(o))
                 && let Some(wt) = &m.worktree
             {
-                let commit = troupe::merge::git::branch_tip(&wt.repo, &wt.branch)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
+                // Taken from the member's store by a fetch that checks every object; a branch
+                // that cannot be taken sends the task back, saying why.
+                let commit = match troupe::worktree::take_branch(wt) {
+                    Ok(c) => c.unwrap_or_default(),
+                    Err(e) => {
+                        let (why, branch) = (e.to_string(), &wt.branch);
+                        return send_task_back(
+                            &self.team,
+                            &self.store,
+                            t,
+                            &format!("merge:take:{}:{}", t.id, t.completion),
+                            |n| {
+                                format!(
+                                    "Task {} ({}) is back with you: the merge queue could not take your branch {branch}: {why}",
+                                    n.id, n.subject
+                                )
+                            },
+                            |n, o| {
+                                format!(
+                                    "Task {} ({}) is pending: the merge queue could not take {o}'s branch {branch}: {why}",
+                                    n.id, n.subject
+                                )
+                            },
+                            None,
+                        );
+                    }
+                };
                 self.merges.enqueue(&troupe::merge::NewEntry {
                     member: m.name.clone(),
                     branch: wt.branch.clone(),

@@ -219,6 +219,16 @@ impl Queue {
             return Ok(After::Next);
         };
         let repo = wt.repo.clone();
+        // A repository that failed `git fsck` when its worktrees moved to their own stores is
+        // landed on only once it passes again.
+        if let Some(why) = troupe::worktree::fsck_hold(&repo) {
+            self.store.update(&e.id, |x| {
+                let new = x.report.as_deref() != Some(why.as_str());
+                x.report = Some(why.clone());
+                new
+            })?;
+            return Ok(After::Hold);
+        }
         let target = self.target(cfg);
         let tip = mgit::ensure_target(&repo, &target)?;
 

@@ -247,8 +247,9 @@ impl Supervisor {
     }
 
     /// The working dir of member `name` and the environment its worker adds for git: its
-    /// worktree (made again if its dir is gone) with the git settings of [`troupe::worktree::git_env`], or the
-    /// team's working dir and nothing.
+    /// worktree (made again if its dir or store is gone, moved to a store of its own if it is of
+    /// the old layout) with the git settings of [`troupe::worktree::git_env`], or the team's
+    /// working dir and nothing.
     fn worktree_of(
         &mut self,
         name: &str,
@@ -256,10 +257,34 @@ impl Supervisor {
         let Some(known) = self.view.member(name).and_then(|m| m.worktree.clone()) else {
             return Ok((self.workdir.clone(), Vec::new()));
         };
-        let w = troupe::worktree::ensure(self.team.root(), name, Some(&known))
+        let (w, moved) = troupe::worktree::ensure_moving(self.team.root(), name, Some(&known))
             .map_err(|e| format!("its worktree could not be set up: {e}"))?;
+        if let Some(moved) = moved {
+            tracing::info!(
+                "{name}'s worktree moved from {} to its own store {}",
+                moved.from.display(),
+                w.admin.as_deref().unwrap_or(w.path.as_path()).display()
+            );
+            events::log(
+                &self.team,
+                "worktree_migrated",
+                json!({"name": name, "from": moved.from, "store": w.admin, "path": w.path}),
+            );
+            if let Some(said) = moved.fsck_failed {
+                tracing::error!(
+                    "git fsck of {} failed: the merge queue lands nothing on it until it passes: \
+                     {said}",
+                    w.repo.display()
+                );
+                events::log(
+                    &self.team,
+                    "repository_fsck_failed",
+                    json!({"repo": w.repo, "said": said}),
+                );
+            }
+        }
         if w != known {
-            // Its admin dir, found now for a record made before troupe kept it.
+            // Its store, made now for a record of the old layout (or of none).
             let found = w.clone();
             self.writer.member(name, None, move |m| {
                 m.worktree = Some(found.clone());

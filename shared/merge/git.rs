@@ -452,30 +452,59 @@ impl Integration {
     }
 }
 
-/// Fast-forwards a member's worktree (`wt`) to `commit` when its branch is behind it and the
-/// tree is clean: whether it moved. git runs with the admin dir troupe recorded.
+/// Fast-forwards a member's worktree (`wt`) to `commit` (a landed merge, in the repository's
+/// objects, which its store reads through its alternates) when the store's `HEAD` is on its
+/// branch, the branch is behind `commit` and the tree is clean: the store's branch and the tree
+/// move, then the repository's branch is set to `commit` too. Whether it moved. git runs on the
+/// store and work tree troupe recorded (a record of the old layout is left as it is: it is
+/// moved to a store at its member's next start).
 pub fn fast_forward_member(wt: &crate::worktree::Worktree, commit: &str) -> Result<bool> {
-    let Some(admin) = wt.admin.as_ref() else {
+    let Some(store) = wt.store() else {
         return Ok(false);
     };
     if crate::worktree::is_dirty(wt) != Some(false) {
         return Ok(false);
     }
-    let Some(tip) = branch_tip(&wt.repo, &wt.branch)? else {
-        return Ok(false);
+    let run = |args: &[&str]| -> Result<Output> {
+        crate::worktree::git_member(store, &wt.path)
+            .args(args)
+            .output()
+            .map_err(|source| Error::Io {
+                op: "run git in",
+                path: store.to_path_buf(),
+                source,
+            })
     };
-    if tip == commit || !is_ancestor(&wt.repo, &tip, commit)? {
+    let own = format!("refs/heads/{}", wt.branch);
+    let head = run(&["symbolic-ref", "--quiet", "HEAD"])?;
+    if !head.status.success() || String::from_utf8_lossy(&head.stdout).trim() != own {
         return Ok(false);
     }
-    let o = git_in(admin, &wt.path, &wt.repo)
-        .args(["merge", "--ff-only", "--quiet", commit])
-        .output()
-        .map_err(|source| Error::Io {
-            op: "run git in",
-            path: wt.path.clone(),
-            source,
-        })?;
-    Ok(o.status.success())
+    let tip = run(&[
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        &format!("{own}^{{commit}}"),
+    ])?;
+    if !tip.status.success() {
+        return Ok(false);
+    }
+    let tip = String::from_utf8_lossy(&tip.stdout).trim().to_owned();
+    if tip == commit
+        || !run(&["merge-base", "--is-ancestor", &tip, commit])?
+            .status
+            .success()
+    {
+        return Ok(false);
+    }
+    if !run(&["merge", "--ff-only", "--quiet", commit])?
+        .status
+        .success()
+    {
+        return Ok(false);
+    }
+    git_ok(&wt.repo, &["update-ref", &own, commit])?;
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 //! - under **Landlock**: reads only in the system's trees (`/usr`, `/etc`, `/bin`, `/lib`...,
 //!   `/sys`), writes only in the working dir and the private temp dir (plus `/dev/null` and the
 //!   like), plus the dirs the user adds; signals and abstract unix sockets stay inside (ABI 6);
-//!   a working dir that is a linked git worktree also gets what a commit needs of its
-//!   repository's git dir (see [`crate::worktree::GitDirs`]), the rest of that dir read-only;
+//!   a member's git worktree also gets its own store (its git dir) to write, and its
+//!   repository's git dir to read only (see [`crate::worktree::GitDirs`]);
 //! - with **no capabilities** and no new privileges, and never as uid 0: as root, as `nobody`
 //!   (a setting), given a working dir only root may use through idmapped mounts of it (see
 //!   `plan::Idmap`); otherwise as the worker's own user.
@@ -863,8 +863,9 @@ fn probe_all(
                 {
                     rules.push((t, all));
                 }
-                // A worktree's git dir is read; of it only what a commit changes is written
-                // (its config and hooks are not).
+                // The repository's git dir is read (a store reads its objects through its
+                // alternates); the member's store is written (its config, alternates and
+                // hooks are bound read-only on top).
                 if let Some(c) = &git.common {
                     rules.push((c.clone(), read));
                 }
@@ -873,7 +874,7 @@ fn probe_all(
                 }
             }
             let mut visible: Vec<(PathBuf, bool)> = vec![(workdir.clone(), true)];
-            // The git dir read-only, what a commit writes bound back writable on top.
+            // The repository's git dir read-only; the member's store writable.
             if let Some(c) = &git.common {
                 visible.push((c.clone(), true));
             }

@@ -282,9 +282,9 @@ pub(crate) struct Facts {
     /// writable on top.
     pub read_only: Vec<(PathBuf, libc::c_ulong)>,
     /// Files and dirs inside writable trees that commands may not change, with the flags of
-    /// their mounts: the working dir's `.git`, a worktree's `.git` file and the admin dir's
-    /// `commondir`, `gitdir` and `config.worktree` (Landlock cannot take a right back below a
-    /// granted dir; a read-only bind mount can).
+    /// their mounts: the working dir's `.git` (a worktree's `.git` file), and the member's
+    /// store's `config`, `objects/info/alternates` and `hooks` (Landlock cannot take a right
+    /// back below a granted dir; a read-only bind mount can).
     pub protect: Vec<(PathBuf, libc::c_ulong)>,
     /// Which of `/run`, `/tmp` and `/dev/shm` exist.
     pub has_run: bool,
