@@ -379,7 +379,7 @@ fn a_conflict_is_sent_back_resolved_by_its_owner_and_lands() {
             bash(
                 "tu_resolve",
                 &format!(
-                    "git merge -q {TARGET} >/dev/null 2>&1; printf 'ann\\nbob\\n' > README && \
+                    "git merge -q origin/{TARGET} >/dev/null 2>&1; printf 'ann\\nbob\\n' > README && \
                      git add README && git commit -q --no-edit && echo RESOLVED"
                 ),
             ),
@@ -1048,7 +1048,7 @@ fn a_member_checking_out_the_target_does_not_stall_the_queue() {
         bash(
             "tu_co",
             &format!(
-                "git checkout -q {TARGET} && echo 'not committed' >> README && git status --short && git branch --show-current"
+                "git checkout -q origin/{TARGET}; echo 'not committed' >> README && git status --short && git branch --show-current"
             ),
         ),
     );

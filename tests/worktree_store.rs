@@ -90,6 +90,19 @@ fn run(team: &Team, repo: &Path, url: &str) -> Bg {
     bg
 }
 
+/// Kills `lead run` (SIGKILL; its workers die with it) and waits for it: a restart of the team
+/// with no team stop, so that no shutdown request leaves a model call of a killed worker
+/// waiting at the fake server for the next reply scripted (which the new incarnation's call
+/// would then miss).
+fn kill_lead(sup: &mut Bg, team: &Team) {
+    let _ = sup.0.kill();
+    let _ = sup.0.wait();
+    wait_until(T, "alice's worker to die with its lead", || {
+        let pid = team.member("alice").pid?;
+        (!support::team::alive(u64::from(pid))).then_some(())
+    });
+}
+
 /// Stops `lead run` as a person would (SIGTERM) and waits for it.
 fn stop(sup: &mut Bg) {
     let _ = nix::sys::signal::kill(
@@ -320,7 +333,7 @@ fn a_member_rewrites_no_object_of_the_repository() {
     person_view(&repo);
 
     // The person's `git gc` and a restart of the team: her bash works, the repository is sound.
-    stop(&mut sup);
+    kill_lead(&mut sup, &team);
     git_ok(&repo, &["gc", "--quiet", "--prune=now"]);
     let _sup = run(&team, &repo, &url);
     let said = one_call(
@@ -433,7 +446,7 @@ fn a_member_moves_no_ref_but_its_own_branch() {
         "alice's bash after git gc: {said}"
     );
     // A restart of the team: the same moves, now that no loose ref is left to guard.
-    stop(&mut sup);
+    kill_lead(&mut sup, &team);
     let mut sup = run(&team, &repo, &url);
     let said = one_call(&team, &repo, &url, &fake, "alice", &move_refs(&g), true);
     assert!(said.contains("done"), "{said}");

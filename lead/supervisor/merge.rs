@@ -291,7 +291,7 @@ impl Queue {
                     &e,
                     format!(
                         "{} does not merge cleanly into {target}: conflicts in {}. Merge {target} \
-                         into your branch (git merge {target}), resolve, commit, and complete the \
+                         into your branch (git merge origin/{target}), resolve, commit, and complete the \
                          task again",
                         e.branch,
                         files.join(", ")
@@ -612,6 +612,20 @@ impl Queue {
         Ok(())
     }
 
+    /// The repository's branches copied into every store of this host's worktree members, as
+    /// `origin/NAME` (see [`troupe::worktree::offer_branches`]).
+    fn offer_branches(&self, cfg: &TeamConfig) {
+        for m in &cfg.members {
+            let Some(wt) = &m.worktree else { continue };
+            if self.host.is_some() && m.host != self.host {
+                continue;
+            }
+            if let Err(err) = troupe::worktree::offer_branches(wt) {
+                tracing::warn!("merge queue: {}'s store: {err}", m.name);
+            }
+        }
+    }
+
     /// Closes entry `e` as `state` with `report` (no message to anyone).
     fn close(&self, e: &MergeEntry, state: MergeState, report: String) -> anyhow::Result<()> {
         let open = [
@@ -639,6 +653,8 @@ impl Queue {
     /// the board (`pending`) if the owner has ended; a hand-queued entry's member is told.
     fn send_back(&self, cfg: &TeamConfig, e: &MergeEntry, report: String) -> anyhow::Result<()> {
         self.close(e, MergeState::SentBack, report.clone())?;
+        // Whoever is told to merge the target or this branch finds them in its store.
+        self.offer_branches(cfg);
         let key = format!("merge:sent_back:{}:{}", e.id, e.attempts);
         let (Some(task), Some(completion)) = (&e.task, e.completion) else {
             if cfg
@@ -681,7 +697,7 @@ impl Queue {
             // For whoever claims it next: where the work so far is.
             Some(format!(
                 "sent back by the merge queue after {} ended; its work so far is on branch {}: \
-                 merge that branch into yours first (git merge {}). {report}",
+                 merge that branch into yours first (git merge origin/{}). {report}",
                 e.member, e.branch, e.branch
             )),
         )

@@ -301,6 +301,9 @@ impl Supervisor {
         if let Err(e) = troupe::merge::git::ensure_target(&w.repo, &target) {
             tracing::warn!("merge queue: target {target} in {}: {e}", w.repo.display());
         }
+        if let Err(e) = troupe::worktree::offer_branches(&w) {
+            tracing::warn!("{name}'s store: the repository's branches not copied in: {e}");
+        }
         let env = troupe::worktree::git_env(&w, name);
         Ok((w.path, env))
     }

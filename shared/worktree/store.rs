@@ -300,6 +300,62 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Copies the repository's branches into the member's store as `refs/remotes/origin/NAME`, what
+/// a `git fetch origin` would give it: the store has refs of its own only, and a teammate told
+/// to merge the target or another member's branch (a conflict sent back, a task whose owner
+/// ended) merges `origin/NAME`. Only the store is written; its own branches are left alone.
+pub fn offer_branches(wt: &Worktree) -> Result<()> {
+    let Some(store) = wt.store() else {
+        return Ok(());
+    };
+    if !store.is_dir() {
+        return Ok(());
+    }
+    let listed = git_ok(
+        &wt.repo,
+        &[
+            "for-each-ref",
+            "--format=%(objectname) %(refname)",
+            "refs/heads/",
+        ],
+    )?;
+    let mut lines = String::new();
+    for line in listed.lines() {
+        let Some((sha, name)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some(short) = name.strip_prefix("refs/heads/") else {
+            continue;
+        };
+        lines.push_str(&format!("update refs/remotes/origin/{short} {sha}\n"));
+    }
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut child = git_member(store, &wt.path)
+        .args(["update-ref", "--stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(Error::io("run git in", store))?;
+    if let Some(mut input) = child.stdin.take() {
+        use std::io::Write as _;
+        let _ = input.write_all(lines.as_bytes());
+    }
+    let o = child
+        .wait_with_output()
+        .map_err(Error::io("run git in", store))?;
+    if !o.status.success() {
+        return Err(Error::Git {
+            op: "git update-ref --stdin (the repository's branches as origin/*)".to_owned(),
+            dir: store.to_path_buf(),
+            stderr: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Takes the member's branch into the repository: fetches `refs/heads/BRANCH` of its store
 /// into the repository's `refs/heads/BRANCH` (forced: the branch is the member's to rewrite),
 /// with every object received hashed and checked (`transfer.fsckObjects`) and the branch's
