@@ -206,9 +206,12 @@ fn named(team: &Team, event: &str) -> Vec<Value> {
 }
 
 /// Every ref of the repository and the commit it names.
+/// The repository's refs but alice's own branch, which the supervisor moves to what she
+/// committed in her store (a checked fetch) once she is idle.
 fn refs(repo: &Path) -> Vec<String> {
     git_ok(repo, &["for-each-ref", "--format=%(refname) %(objectname)"])
         .lines()
+        .filter(|l| !l.starts_with("refs/heads/troupe/alice "))
         .map(str::to_owned)
         .collect()
 }

@@ -68,6 +68,7 @@ impl MergeQueue {
                 target,
                 stop,
                 sandboxes: Default::default(),
+                followed: Default::default(),
             };
             q.run(&wake);
         })?;
@@ -90,6 +91,8 @@ struct Queue {
     stop: Arc<AtomicBool>,
     /// The checks' sandboxes, by integration tree.
     sandboxes: std::sync::Mutex<Vec<(std::path::PathBuf, Arc<Sandbox>)>>,
+    /// The store tip of each idle member last taken into the repository (or refused).
+    followed: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 /// What the queue does after an entry.
@@ -168,6 +171,7 @@ impl Queue {
 
     /// The open entries of this host's members, in order, each until one holds the queue.
     fn pass(&self) -> anyhow::Result<()> {
+        self.follow_idle_branches();
         let open = troupe::merge::open_in_order(self.store.list()?);
         if open.is_empty() {
             return Ok(());
@@ -610,6 +614,40 @@ impl Queue {
             }
         }
         Ok(())
+    }
+
+    /// Takes each idle worktree member's branch from its store into the repository's
+    /// `troupe/NAME` (the same checked fetch as the queue's, see
+    /// [`troupe::worktree::take_branch`]) when its tip moved since the last look, so that the
+    /// person's `git log troupe/NAME` shows the work a member has committed and stopped at. A
+    /// tip that cannot be taken (a rewritten object) is tried once, with a warning.
+    fn follow_idle_branches(&self) {
+        let Ok(cfg) = Roster::new(&self.team).load() else {
+            return;
+        };
+        let mut followed = self.followed.lock().unwrap_or_else(|p| p.into_inner());
+        for m in &cfg.members {
+            let Some(wt) = &m.worktree else { continue };
+            if m.status != MemberStatus::Idle || (self.host.is_some() && m.host != self.host) {
+                continue;
+            }
+            let Some(tip) = troupe::worktree::tip_in_store(wt) else {
+                continue;
+            };
+            if followed.get(&m.name) == Some(&tip) {
+                continue;
+            }
+            if mgit::branch_tip(&wt.repo, &wt.branch)
+                .ok()
+                .flatten()
+                .as_deref()
+                != Some(&tip)
+                && let Err(err) = troupe::worktree::take_branch(wt)
+            {
+                tracing::warn!("{}'s branch not taken into the repository: {err}", m.name);
+            }
+            followed.insert(m.name.clone(), tip);
+        }
     }
 
     /// The repository's branches copied into every store of this host's worktree members, as

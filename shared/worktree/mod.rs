@@ -24,7 +24,7 @@ mod store;
 
 pub use dirs::GitDirs;
 pub(crate) use store::git_member;
-pub use store::{Moved, fsck_hold, offer_branches, store_for, take_branch};
+pub use store::{Moved, fsck_hold, offer_branches, store_for, take_branch, tip_in_store};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -86,6 +86,11 @@ fn member_ok(wt: &Worktree, store: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
 }
 
+/// The commit the member's branch names in its store, if it has a store and the branch.
+pub fn tip_in_store(wt: &Worktree) -> Option<String> {
+    store_tip(wt, wt.store()?)
+}
+
 /// The commit `refs/heads/BRANCH` of the store names, if the branch is there.
 fn store_tip(wt: &Worktree, store: &Path) -> Option<String> {
     let want = format!("refs/heads/{}^{{commit}}", wt.branch);
