@@ -317,22 +317,25 @@ pub fn remove(wt: &Worktree, force: bool) -> Result<()> {
 
 /// The environment git needs in the teammate's commands. `GIT_CONFIG_GLOBAL=/dev/null`: the
 /// sandbox hides the user's home, and git stops at a `~/.gitconfig` it may not read, so the
-/// teammate's git reads the repository's and the system's config only. And, when the
-/// repository sets no identity of its own, `NAME <NAME@troupe.invalid>` as `GIT_AUTHOR_*` and
-/// `GIT_COMMITTER_*`.
+/// teammate's git reads its store's and the system's config only. And as `GIT_AUTHOR_*` and
+/// `GIT_COMMITTER_*`, the identity the repository sets (`user.name` and `user.email`), else
+/// `NAME <NAME@troupe.invalid>`.
 pub fn git_env(wt: &Worktree, name: &str) -> Vec<(String, String)> {
     let mut env = vec![("GIT_CONFIG_GLOBAL".to_owned(), "/dev/null".to_owned())];
     // Asked of the recorded repository, not of the worktree (whose `.git` file is the
-    // member's to write).
-    let has = |key: &str| {
-        git_ok(&wt.repo, &["config", "--local", "--get", key]).is_ok_and(|v| !v.is_empty())
+    // member's to write). Handed down in the environment: the member's git reads its store's
+    // config, not the repository's, so the identity the repository sets would not reach it.
+    let get = |key: &str| {
+        git_ok(&wt.repo, &["config", "--local", "--get", key])
+            .ok()
+            .filter(|v| !v.is_empty())
     };
-    if has("user.name") && has("user.email") {
-        return env;
-    }
-    let email = format!("{name}@troupe.invalid");
+    let (user, email) = match (get("user.name"), get("user.email")) {
+        (Some(u), Some(e)) => (u, e),
+        _ => (name.to_owned(), format!("{name}@troupe.invalid")),
+    };
     for who in ["AUTHOR", "COMMITTER"] {
-        env.push((format!("GIT_{who}_NAME"), name.to_owned()));
+        env.push((format!("GIT_{who}_NAME"), user.clone()));
         env.push((format!("GIT_{who}_EMAIL"), email.clone()));
     }
     env
