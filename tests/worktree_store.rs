@@ -395,6 +395,10 @@ fn assert_refused(said: &str, whats: &[&str]) {
 #[test]
 fn a_member_moves_no_ref_but_its_own_branch() {
     let (team, repo) = repo_team();
+    // An identity of the repository's own, as review 4's script sets: the member's git reads its
+    // store's config, so it must be handed down (the commit below failed without).
+    git_ok(&repo, &["config", "user.name", "person"]);
+    git_ok(&repo, &["config", "user.email", "person@example.invalid"]);
     let fake = FakeLlm::start([]).patient(T);
     let url = fake.url();
     spawn(&repo, &url, "alice");
