@@ -279,7 +279,7 @@ fn three_members_land_in_queue_order_each_checked_on_the_ones_before() {
     }
     let _sup = run(&team, &repo, &url, &[]);
 
-    let landed = wait_until(T, "three landed", || {
+    let landed = wait_for(&team, "three landed", || {
         let l = named(&team, "merge_landed");
         (l.len() == 3).then_some(l)
     });
@@ -372,27 +372,6 @@ fn a_conflict_is_sent_back_resolved_by_its_owner_and_lands() {
         let id = new_task(&team, &format!("{name} rewrites README"), name, &[]);
         let model = format!("m-{name}");
         script_task(&fake, &model, &id, &commit_cmd("README", name));
-        // What the one sent back does then: merge the target, keep both lines, commit, and
-        // complete again.
-        fake.push_for(
-            &model,
-            bash(
-                "tu_resolve",
-                &format!(
-                    "git merge -q origin/{TARGET} >/dev/null 2>&1; printf 'ann\\nbob\\n' > README && \
-                     git add README && git commit -q --no-edit && echo RESOLVED"
-                ),
-            ),
-        );
-        fake.push_for(
-            &model,
-            tool(
-                "tu_done2",
-                "task_update",
-                json!({"task_id": id, "status": "completed", "result": "resolved"}),
-            ),
-        );
-        fake.push_for(&model, Reply::ok(anthropic_text("resolved")));
         tasks.push((name, id));
     }
     for (name, _) in &tasks {
@@ -407,6 +386,36 @@ fn a_conflict_is_sent_back_resolved_by_its_owner_and_lands() {
     assert!(report.contains("conflicts in README"), "{report}");
     let second = sent["member"].as_str().unwrap().to_owned();
     let first = if second == "ann" { "bob" } else { "ann" };
+    let id = &tasks.iter().find(|(n, _)| *n == second).unwrap().1;
+    // What the one sent back does then: merge the target, keep both lines, commit, and
+    // complete again. Scripted only now: a member woken earlier (the board changed when the
+    // first landed) would otherwise run it before it was sent back, on a tree still being
+    // checked. Either one may be woken once more, for which it says nothing.
+    let model = format!("m-{second}");
+    fake.push_for(
+        &model,
+        bash(
+            "tu_resolve",
+            &format!(
+                "git merge -q origin/{TARGET} >/dev/null 2>&1; printf 'ann\\nbob\\n' > README && \
+                 git add README && git commit -q --no-edit && echo RESOLVED"
+            ),
+        ),
+    );
+    fake.push_for(
+        &model,
+        tool(
+            "tu_done2",
+            "task_update",
+            json!({"task_id": id, "status": "completed", "result": "resolved"}),
+        ),
+    );
+    for m in [second.as_str(), second.as_str(), first] {
+        fake.push_for(
+            &format!("m-{m}"),
+            Reply::ok(anthropic_text("nothing to do")),
+        );
+    }
     wait_until(T, "both landed", || {
         (named(&team, "merge_landed").len() == 2).then_some(())
     });

@@ -697,3 +697,43 @@ fn a_repository_that_fails_fsck_at_the_move_is_not_landed_on() {
         "work\n"
     );
 }
+
+/// Taking a member's branch from two places at once (the queue at a completion, the merge
+/// thread following an idle member, `lead merge` by hand) never fails: before, two fetches
+/// into the same `troupe/NAME` raced on its ref lock ("cannot lock ref ... is at X but
+/// expected Y") and the loser sent a finished task back.
+#[test]
+fn a_branch_taken_from_several_places_at_once_is_taken_every_time() {
+    let (team, repo) = repo_team();
+    let wt = troupe::worktree::ensure(team.dir.root(), "ann", None).unwrap();
+    let work = |n: usize| {
+        std::fs::write(wt.path.join("ann.txt"), format!("{n}\n")).unwrap();
+        git_ok(&wt.path, &["add", "ann.txt"]);
+        commit(&wt.path, &format!("change {n}"));
+    };
+    work(0);
+    std::thread::scope(|s| {
+        let takers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..15)
+                        .filter_map(|_| troupe::worktree::take_branch(&wt).err())
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for n in 1..10 {
+            work(n);
+        }
+        let failed: Vec<String> = takers.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        assert!(
+            failed.is_empty(),
+            "{} takes failed: {failed:?}",
+            failed.len()
+        );
+    });
+    troupe::worktree::take_branch(&wt).unwrap();
+    let tip = git_ok(&repo, &["rev-parse", "troupe/ann"]);
+    assert_eq!(tip, git_ok(&wt.path, &["rev-parse", "HEAD"]));
+}

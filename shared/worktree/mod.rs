@@ -312,6 +312,8 @@ pub fn remove(wt: &Worktree, force: bool) -> Result<()> {
             std::fs::remove_dir_all(dir).map_err(Error::io("remove", dir))?;
         }
     }
+    // The lock of its takes (see [`take_branch`]); harmless if left.
+    let _ = std::fs::remove_file(store.with_extension("lock"));
     Ok(())
 }
 

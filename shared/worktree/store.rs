@@ -369,7 +369,8 @@ pub fn offer_branches(wt: &Worktree) -> Result<()> {
 /// Refused first, naming why: a record of the old layout (moved at the team's next start), a
 /// store with a `commondir` (it would make git read another repository), or one whose
 /// alternates are not what troupe wrote. The store's side of the fetch runs with
-/// `GIT_COMMON_DIR` the store and `--strict` (no other dir is tried in its place).
+/// `GIT_COMMON_DIR` the store and `--strict` (no other dir is tried in its place). Takes of
+/// one branch are one at a time (a flock on `.stores/NAME.lock`).
 pub fn take_branch(wt: &Worktree) -> Result<Option<String>> {
     let refuse = |why: String| Error::WorktreeRefused {
         name: member_of(wt),
@@ -400,6 +401,13 @@ pub fn take_branch(wt: &Worktree) -> Result<Option<String>> {
     if store_tip(wt, store).is_none() {
         return Ok(None);
     }
+    // One take of this branch at a time, whoever takes it (the queue at a completion, the
+    // merge thread following an idle member, `lead merge` by hand): two fetches into the same
+    // ref race on its lock, and the loser's "cannot lock ref" would send a finished task back.
+    // The lock sits beside the store, in `.stores`, where no member's command may write.
+    let lock_path = store.with_extension("lock");
+    let lock = crate::fsutil::open_lock(&lock_path)?;
+    let _taking = crate::fsutil::lock_exclusive(&lock, &lock_path)?;
     let upload = format!(
         "GIT_COMMON_DIR={} git -c core.fsmonitor=false -c core.hooksPath=/dev/null upload-pack \
          --strict",
