@@ -413,6 +413,14 @@ fn a_member_moves_no_ref_but_its_own_branch() {
         false,
     );
     assert!(said.contains("COMMITTED"), "{said}\n{}", lead_stderr(&team));
+    // By the time she says idle, her commit is on the person's troupe/alice: her worker took it
+    // (review 4's script reads the branch at that moment, and the merge thread's look came
+    // later, so it read the base and took every ref for moved).
+    assert_eq!(
+        git_ok(&repo, &["show", "troupe/alice:evil.txt"]),
+        "unchecked\n",
+        "troupe/alice once alice is idle"
+    );
     // bob joins after alice's worker started.
     fake.push_for("m-bob", Reply::ok(anthropic_text("idle")));
     spawn(&repo, &url, "bob");

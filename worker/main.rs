@@ -213,6 +213,7 @@ fn run(a: Args) -> anyhow::Result<u8> {
         api_wait_max: Duration::from_secs_f64(a.api_wait_max),
         sandbox,
         prices,
+        worktree,
     };
     let mut mate = match Teammate::open(settings, provider, signals.term.clone(), &_alive) {
         Ok(m) => m,

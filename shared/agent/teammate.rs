@@ -51,6 +51,9 @@ pub struct Settings {
     pub api_wait_max: Duration,
     /// What its calls cost (the ledger in its record; see [`crate::cost`]).
     pub prices: Arc<crate::cost::PriceTable>,
+    /// Its worktree, as the roster recorded it when the worker started: its branch is taken
+    /// into the repository before it says `idle` (see [`Teammate::take_own_branch`]).
+    pub worktree: Option<crate::worktree::Worktree>,
 }
 
 /// How the loop ended.
@@ -290,6 +293,9 @@ impl Teammate {
             MemberStatus::Idle => Some(Activity::now(ActivityState::Idle)),
             _ => None,
         };
+        if status == MemberStatus::Idle {
+            self.take_own_branch();
+        }
         self.shown = activity.clone();
         self.record
             .member_later(self.s.name.as_str(), Some(self.incarnation), move |m| {
@@ -301,6 +307,27 @@ impl Teammate {
                 }
             });
         self.status = Some(status);
+    }
+
+    /// A worktree member's commits taken into the repository's `troupe/NAME` when its store's
+    /// tip moved past it, before the member says `idle`: whoever sees it idle finds its work
+    /// on the person's branch. The same checked fetch as the queue's
+    /// ([`crate::worktree::take_branch`]), run by this process and not by the member's
+    /// commands; one that fails is logged, and the queue's own take at a completion says why.
+    fn take_own_branch(&self) {
+        let Some(wt) = &self.s.worktree else { return };
+        let Some(tip) = crate::worktree::tip_in_store(wt) else {
+            return;
+        };
+        let taken = crate::merge::git::branch_tip(&wt.repo, &wt.branch)
+            .ok()
+            .flatten();
+        if taken.as_deref() == Some(tip.as_str()) {
+            return;
+        }
+        if let Err(e) = crate::worktree::take_branch(wt) {
+            tracing::warn!("branch {} not taken into the repository: {e}", wt.branch);
+        }
     }
 
     /// Runs until an approved shutdown, a signal, or a fatal provider error. `wake` is a
