@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::TeamConfig;
 use crate::fsutil;
 use crate::inbox::{Durability, Inbox};
+use crate::llm::LlmError;
 use crate::llm::gate::{Gate, Seen};
 use crate::message::{Message, MessageType};
 use crate::store::govern::Pool;
@@ -329,7 +330,18 @@ impl Governor {
     /// Reads, changes and writes the endpoint's limits under their lock (`None`: the store
     /// failed; the governor is soft, and a call goes on without it).
     fn with_limits<R>(&self, pool: &Pool, f: impl FnOnce(&mut Limits) -> R) -> Option<R> {
-        let r = pool.update(|bytes| {
+        match self.try_limits(pool, f) {
+            Ok(out) => Some(out),
+            Err(e) => {
+                tracing::debug!("rate limits not shared: {e}");
+                None
+            }
+        }
+    }
+
+    /// [`Governor::with_limits`], with the store's error.
+    fn try_limits<R>(&self, pool: &Pool, f: impl FnOnce(&mut Limits) -> R) -> crate::Result<R> {
+        pool.update(|bytes| {
             // A torn or missing state reads as a fresh start.
             let before: Limits = bytes
                 .and_then(|b| serde_json::from_slice(b).ok())
@@ -341,14 +353,7 @@ impl Governor {
                 .then(|| serde_json::to_vec(&limits).ok())
                 .flatten();
             (next, out)
-        });
-        match r {
-            Ok(out) => Some(out),
-            Err(e) => {
-                tracing::debug!("rate limits not shared: {e}");
-                None
-            }
-        }
+        })
     }
 
     /// Tells the lead, in a status update, that the team is being rate limited.
@@ -364,6 +369,52 @@ impl Governor {
         let msg = Message::new(MessageType::StatusUpdate, &self.who, LEAD, text);
         if let Err(e) = Inbox::new(&self.team, &AgentName::lead()).append(&msg, Durability::Sync) {
             tracing::warn!("could not tell the lead the team is rate limited: {e}");
+        }
+    }
+}
+
+/// `Err` when the store's error `e` is the fence's refusal ([`crate::store::fence`]): this
+/// process was replaced, or its fence key is gone, and may make no call, governed or not.
+fn refused(e: &crate::Error) -> Result<(), LlmError> {
+    let code = match e {
+        crate::Error::Fenced { .. } => crate::store::fence::EXIT_SUPERSEDED,
+        crate::Error::Unfenced { .. } => crate::store::fence::EXIT_UNFENCED,
+        _ => return Ok(()),
+    };
+    Err(LlmError::Fenced {
+        code,
+        message: format!("no model call: {e}"),
+    })
+}
+
+/// A wait at the gate: its sleeps, cut so that [`crate::llm::gate::still_waiting`] (the
+/// worker's heartbeat) is called at least every [`crate::llm::gate::BEAT_EVERY`].
+struct Waiting {
+    last: Instant,
+    slept: bool,
+}
+
+impl Waiting {
+    fn new(began: Instant) -> Waiting {
+        Waiting {
+            last: began,
+            slept: false,
+        }
+    }
+
+    fn sleep(&mut self, d: Duration) {
+        self.slept = true;
+        let until = Instant::now() + d;
+        loop {
+            if self.last.elapsed() >= crate::llm::gate::BEAT_EVERY {
+                crate::llm::gate::still_waiting();
+                self.last = Instant::now();
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(crate::llm::gate::BEAT_EVERY));
         }
     }
 }
@@ -385,21 +436,28 @@ impl Drop for Held<'_> {
 }
 
 impl Gate for Governor {
-    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send + '_> {
+    fn enter(&self, endpoint: &str, model: &str) -> Result<Box<dyn Send + '_>, LlmError> {
         let pool = self.pool(endpoint);
         let poll = match self.team.store() {
             crate::store::Store::Files(_) => Duration::from_millis(20),
             crate::store::Store::Redis(_) => Duration::from_millis(50),
         };
         let began = Instant::now();
+        let mut waiting = Waiting::new(began);
         let mut shown = false;
-        let mut slept = false;
         let mut waiter = None;
         let (slot, on) = loop {
             let cfg = self.settings();
             let on = cfg.rate_governor.unwrap_or_default() == Mode::On;
             let limits = if on {
-                self.with_limits(&pool, |l| l.clone()).unwrap_or_default()
+                match self.try_limits(&pool, |l| l.clone()) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        refused(&e)?;
+                        tracing::debug!("rate limits not shared: {e}");
+                        Limits::default()
+                    }
+                }
             } else {
                 Limits::default()
             };
@@ -407,8 +465,7 @@ impl Gate for Governor {
             if on && let Some(wait) = limits.wait(now) {
                 // Jitter: the members released together do not all go at once.
                 let jitter = crate::llm::retry::random_unit() * (wait * 0.25).min(0.5);
-                std::thread::sleep(Duration::from_secs_f64((wait + jitter).min(5.0)));
-                slept = true;
+                waiting.sleep(Duration::from_secs_f64((wait + jitter).min(5.0)));
                 continue;
             }
             let slot = match cap(&cfg, model, &limits) {
@@ -417,7 +474,10 @@ impl Gate for Governor {
                     if waiter.is_none() {
                         match pool.queue(&self.who, self.lead) {
                             Ok(w) => waiter = Some(w),
-                            Err(e) => tracing::debug!("no place in the slots' queue: {e}"),
+                            Err(e) => {
+                                refused(&e)?;
+                                tracing::debug!("no place in the slots' queue: {e}");
+                            }
                         }
                     }
                     match waiter.as_mut().map(|w| w.try_take(n)) {
@@ -427,11 +487,17 @@ impl Gate for Governor {
                                 shown = true;
                                 tell_waiting(true);
                             }
-                            std::thread::sleep(poll);
-                            slept = true;
+                            waiting.sleep(poll);
                             continue;
                         }
                         Some(Err(e)) => {
+                            // Refused by the fence: this process may make no call at all.
+                            if let Err(fenced) = refused(&e) {
+                                if shown {
+                                    tell_waiting(false);
+                                }
+                                return Err(fenced);
+                            }
                             // The store failed: the call goes on ungoverned rather than wait
                             // for it.
                             tracing::debug!("no call slot: {e}");
@@ -464,15 +530,15 @@ impl Gate for Governor {
         if shown {
             tell_waiting(false);
         }
-        if slept {
+        if waiting.slept {
             crate::llm::gate::note_waited(began.elapsed());
         }
-        Box::new(Held {
+        Ok(Box::new(Held {
             governor: self,
             pool,
             counted: on,
             _slot: slot,
-        })
+        }))
     }
 
     fn observe(&self, endpoint: &str, seen: &Seen) {

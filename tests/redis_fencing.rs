@@ -739,3 +739,45 @@ fn a_deleted_fence_key_refuses_and_the_supervisor_gets_the_member_going_again() 
     let last = member(&bus.members(&a), "da").clone();
     assert_eq!(last["incarnation"], after["incarnation"], "{last}");
 }
+
+/// Review 4, m5: the rate governor's gate of a replaced incarnation lets no call go out. Its
+/// place in the slots' queue is refused by the fence, and that refusal is final
+/// (`LlmError::Fenced`, exit 79), not a store failure the call would go on without; a fence
+/// key deleted by hand gives exit 75. The live incarnation passes.
+#[test]
+fn a_replaced_incarnations_gate_lets_no_call_out() {
+    use troupe::llm::gate::Gate;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let team = || {
+        troupe::TeamDir::create(dir.path().join(".team"))
+            .unwrap()
+            .with_bus(Some(
+                troupe::store::redis::RedisBus::with_password(&server.url("m5"), &server.password)
+                    .unwrap(),
+            ))
+    };
+    let (supervisor, old, new) = (team(), team(), team());
+    troupe::fence::begin_incarnation(&supervisor, "m", 1).unwrap();
+    troupe::fence::act_as_member(&old, "m", 1);
+    troupe::fence::begin_incarnation(&supervisor, "m", 2).unwrap();
+    troupe::fence::act_as_member(&new, "m", 2);
+    let code = |team: &troupe::TeamDir| match troupe::governor::Governor::new(team, "m")
+        .enter("fp", "model")
+    {
+        Ok(_slot) => None,
+        Err(e) => Some((e.exit_code(), e.to_string())),
+    };
+    let refused = code(&old).expect("the replaced incarnation's call went out");
+    assert_eq!(refused.0, 79, "{}", refused.1);
+    assert_eq!(code(&new), None, "the live incarnation is let through");
+    let (bus, mut conn) = raw(&server, "m5");
+    let _: i64 = redis::cmd("DEL")
+        .arg(bus.key("epoch:m"))
+        .query(&mut conn)
+        .unwrap();
+    let unfenced = code(&new).expect("a call went out with the fence key gone");
+    assert_eq!(unfenced.0, 75, "{}", unfenced.1);
+}

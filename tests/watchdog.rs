@@ -205,3 +205,66 @@ fn a_bash_command_longer_than_the_watchdog_is_progress_not_a_hang() {
     assert!(events(&team, "hung", "cy").is_empty());
     assert_eq!(team.member("cy").incarnation, 1);
 }
+
+/// Review 4, R4-6: a member waiting out the team's cooldown at the rate governor's gate is
+/// not hung. Scaled as the review's script runs it: a call's allowance of 3 s (one attempt),
+/// `--watchdog 5`, and a `retry-after` of 25 s that both members wait out in the gate.
+#[test]
+fn a_member_waiting_out_the_teams_cooldown_at_the_gate_is_not_hung() {
+    let team = Team::new();
+    let fake = FakeLlm::start([]).patient(Duration::from_secs(60));
+    let url = fake.url();
+    fake.push_for(
+        "m-ann",
+        Reply::json(
+            429,
+            support::fake_llm::anthropic_error("rate_limit_error", "slow down"),
+        )
+        .header("retry-after", "25"),
+    );
+    fake.push_for("m-ann", text("done after the cooldown"));
+    fake.push_for("m-bo", text("done after the cooldown"));
+    let env = [
+        ("TROUPE_LLM_TIMEOUT_SECS", "3"),
+        ("TROUPE_LLM_MAX_ATTEMPTS", "1"),
+    ];
+    let _sup = supervise(&team, &url, &env);
+    for (name, model) in [("ann", "m-ann"), ("bo", "m-bo")] {
+        let o = out(&mut lead(
+            &team,
+            &url,
+            &[
+                "spawn", name, "--role", "r", "--prompt", "p", "--model", model,
+            ],
+        ));
+        assert!(o.status.success(), "{o:?}");
+        if name == "ann" {
+            wait_until(T, "the rate limit", || {
+                troupe::events::read_all(&team.dir)
+                    .unwrap()
+                    .iter()
+                    .any(|e| e["event"] == "rate_limited")
+                    .then_some(())
+            });
+        }
+    }
+    let began = Instant::now();
+    // Both wait some 25 s at the gate, five times the watchdog past their calls' allowance.
+    wait_until(
+        Duration::from_secs(90),
+        "both done after the cooldown",
+        || (fake.requests_for("m-bo") == 1 && fake.requests_for("m-ann") == 2).then_some(()),
+    );
+    eprintln!(
+        "the cooldown ended {:.1} s after bo's spawn",
+        began.elapsed().as_secs_f64()
+    );
+    for name in ["ann", "bo"] {
+        idle_as(&team, name, 1);
+        assert!(
+            events(&team, "hung", name).is_empty(),
+            "{name} was killed as hung while waiting at the gate: {:?}",
+            events(&team, "hung", name)
+        );
+    }
+}

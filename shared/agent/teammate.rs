@@ -146,6 +146,25 @@ fn show_slot_waits(team: &crate::TeamDir, name: &str, incarnation: u64) {
     });
 }
 
+/// Has this member's waits at the rate governor's gate (a cooldown, a call slot) beat its
+/// heartbeat, with its incarnation, as they go on (R4-6: a member waiting longer than its
+/// call's allowance plus `--watchdog` was killed as hung). Each beat allows the rest of the
+/// call after the wait (`longest_call`) and the gate's next look.
+fn beat_while_gated(team: &crate::TeamDir, name: &str, incarnation: u64, longest_call: Duration) {
+    let beater = std::sync::Mutex::new(crate::store::beat::Beater::new(
+        team.store(),
+        name,
+        incarnation,
+    ));
+    let allowance = longest_call + crate::llm::gate::BEAT_EVERY * 5;
+    crate::llm::gate::on_still_waiting(move || {
+        beater
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .beat_doing(allowance, Some("waiting at the rate governor".into()));
+    });
+}
+
 impl Teammate {
     /// Opens the journal, rebuilds the conversation and records the new session. `owner` is
     /// the teammate's liveness lock (`transcripts/NAME.lock`), held for the process's lifetime.
@@ -198,6 +217,12 @@ impl Teammate {
         };
         t.gate_open = t.plan_approved()?;
         show_slot_waits(&t.s.team, t.s.name.as_str(), t.incarnation);
+        beat_while_gated(
+            &t.s.team,
+            t.s.name.as_str(),
+            t.incarnation,
+            t.provider.longest_call(),
+        );
         // Written with the first status (one roster rewrite fewer for every start).
         let sandbox = t.s.sandbox.status().clone();
         t.record

@@ -96,6 +96,13 @@ pub enum LlmError {
         missing_seq: u64,
     },
 
+    /// The team's fence refused a write this process needed before its call (the governor's
+    /// queue or slot, on a bus): a newer incarnation replaced it (`code` 79) or its fence key
+    /// is gone (75). Never retried, and no call goes out ungoverned: the process ends with
+    /// `code` (see `crate::store::fence`).
+    #[error("{message}")]
+    Fenced { code: u8, message: String },
+
     /// The progress file of an ordered replay could not be read or appended to.
     #[error("failed to read or append to replay progress file {}", path.display())]
     ReplayProgress {
@@ -115,6 +122,7 @@ impl LlmError {
             }
             LlmError::Rejected { .. } if self.is_quota() => EXIT_TEMPFAIL,
             LlmError::Unavailable { .. } => EXIT_TEMPFAIL,
+            LlmError::Fenced { code, .. } => *code,
             LlmError::Rejected { .. }
             | LlmError::InvalidResponse(_)
             | LlmError::Record { .. }
@@ -176,6 +184,11 @@ mod tests {
         };
         assert_eq!(exhausted.exit_code(), 78);
         assert_eq!(LlmError::InvalidResponse("x".into()).exit_code(), 1);
+        let fenced = |code| LlmError::Fenced {
+            code,
+            message: "m".into(),
+        };
+        assert_eq!((fenced(79).exit_code(), fenced(75).exit_code()), (79, 75));
         assert_eq!(out_of_order().exit_code(), 1);
         let progress = LlmError::ReplayProgress {
             path: "p".into(),

@@ -38,12 +38,35 @@ pub struct Seen {
 pub trait Gate: Send + Sync {
     /// Before an attempt at `endpoint` (a fingerprint of URL and key), for `model`: waits as
     /// the team's limits say and returns what holds the attempt's slot until it is dropped.
-    fn enter(&self, endpoint: &str, model: &str) -> Box<dyn Send + '_>;
+    /// While it waits it calls [`still_waiting`] at least every [`BEAT_EVERY`]. `Err`: the
+    /// attempt may not go at all ([`super::LlmError::Fenced`]).
+    fn enter(&self, endpoint: &str, model: &str) -> Result<Box<dyn Send + '_>, super::LlmError>;
     /// What the attempt's answer said.
     fn observe(&self, endpoint: &str, seen: &Seen);
 }
 
 static GATE: OnceLock<Box<dyn Gate>> = OnceLock::new();
+
+/// The longest a gate's wait goes without calling [`still_waiting`].
+pub const BEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// What a wait at the gate calls as it goes on (a worker's heartbeat: a member waiting out a
+/// cooldown or for a slot is not hung).
+static WAITING: OnceLock<Box<dyn Fn() + Send + Sync>> = OnceLock::new();
+
+/// Has `f` called at least every [`BEAT_EVERY`] while an attempt of this process waits at its
+/// gate, on the waiting thread (a process stopped there calls it no more); the first one
+/// given stays.
+pub fn on_still_waiting(f: impl Fn() + Send + Sync + 'static) {
+    let _ = WAITING.set(Box::new(f));
+}
+
+/// Called by a gate's wait, at least every [`BEAT_EVERY`] (see [`on_still_waiting`]).
+pub fn still_waiting() {
+    if let Some(f) = WAITING.get() {
+        f();
+    }
+}
 
 /// Microseconds this process's calls waited at its gate since [`take_waited`] last read them.
 static WAITED_MICROS: AtomicU64 = AtomicU64::new(0);

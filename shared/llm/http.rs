@@ -147,7 +147,10 @@ impl Endpoint<'_> {
             &mut retry::random_unit,
             |attempt| {
                 // Each attempt waits as the team's governor says, holding a call slot.
-                let _slot = super::gate::current().map(|g| g.enter(&fp, self.model));
+                let _slot = match super::gate::current().map(|g| g.enter(&fp, self.model)) {
+                    Some(Err(e)) => return Err(AttemptError::Fatal(e)),
+                    slot => slot,
+                };
                 self.attempt(attempt, &fp, &body, parse_error, &parse_ok)
             },
         )
