@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod ceilings;
+pub mod clock;
 pub mod config;
 pub mod cost;
 pub mod error;

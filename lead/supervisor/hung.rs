@@ -4,7 +4,7 @@
 //! usual restart accounting.
 
 use super::*;
-use troupe::store::beat::{self, Beat};
+use troupe::store::beat;
 
 /// How often the heartbeats are read.
 const EVERY: Duration = Duration::from_secs(1);
@@ -22,28 +22,28 @@ impl Supervisor {
             Some(at) if at > now => return,
             _ => self.beats_due = Some(now + EVERY),
         }
-        let wall = fsutil::now();
+        // Ages on the boot clock: a step of the wall clock kills nobody (review 4, m2).
+        let clocks = troupe::clock::Now::read();
         let store = self.team.store();
         for (name, r) in &mut self.running {
             if r.stopping || r.hung {
                 continue;
             }
             // Until its first beat, the worker's start is its last sign of life.
-            let started = Beat {
-                epoch: r.incarnation,
-                at: r.started_at,
-                allowance: 0.0,
-                doing: None,
-            };
+            let started = r.start_beat.clone();
             let last = match beat::last(store, name) {
-                Ok(Some(b)) if b.epoch == r.incarnation && b.at >= r.started_at => b,
+                Ok(Some(b))
+                    if b.epoch == r.incarnation && b.age(&clocks) <= started.age(&clocks) =>
+                {
+                    b
+                }
                 Ok(_) => started,
                 Err(e) => {
                     tracing::debug!("could not read {name}'s heartbeat: {e}");
                     continue;
                 }
             };
-            if !last.overdue(wall, watchdog as f64) {
+            if !last.overdue(&clocks, watchdog as f64) {
                 continue;
             }
             let pid = r.child.id();
@@ -54,14 +54,14 @@ impl Supervisor {
                     "name": name,
                     "pid": pid,
                     "incarnation": r.incarnation,
-                    "silent_secs": (wall - last.at).max(0.0),
+                    "silent_secs": last.age(&clocks).max(0.0),
                     "allowance_secs": last.allowance,
                     "watchdog_secs": watchdog,
                 }),
             );
             tracing::warn!(
                 "{name} (pid {pid}) has shown no progress for {:.0} s: killed, to be restarted",
-                wall - last.at
+                last.age(&clocks)
             );
             r.hung = true;
             // SIGKILL: a stopped or deadlocked process would sit on a SIGTERM.

@@ -242,6 +242,8 @@ struct Running {
     started: Instant,
     /// When it was started, on the wall clock (request files carry wall-clock times).
     started_at: f64,
+    /// Its start as a beat: the watchdog's last sign of its life until its first beat.
+    start_beat: troupe::store::beat::Beat,
     /// Set when the lead itself asked it to stop (expiry escalation or team stop).
     stopping: bool,
     /// The expired shutdown request it is being stopped for, if that is why.

@@ -221,6 +221,7 @@ impl Supervisor {
                         incarnation,
                         started: Instant::now(),
                         started_at: fsutil::now(),
+                        start_beat: troupe::store::beat::Beat::now(incarnation, 0.0, None),
                         stopping: false,
                         escalated: None,
                         kill_at: None,

@@ -182,7 +182,12 @@ fn row_of(
     events: &[Value],
     now: f64,
 ) -> (Row, Signs) {
-    let hung = last_beat.is_some_and(|b| b.epoch == m.incarnation && b.overdue(now, HUNG_AFTER));
+    let clocks = troupe::clock::Now {
+        wall: now,
+        boot: troupe::clock::boot() - (troupe::fsutil::now() - now),
+    };
+    let hung =
+        last_beat.is_some_and(|b| b.epoch == m.incarnation && b.overdue(&clocks, HUNG_AFTER));
     let liveness = match d.state {
         "restarting" => "restarting",
         "dead" => "dead",

@@ -33,8 +33,15 @@ pub const IDLE_BEAT: Duration = Duration::from_secs(2);
 pub struct Beat {
     /// The incarnation that wrote it.
     pub epoch: u64,
-    /// When (Unix seconds).
+    /// When (Unix seconds: for display, and for a watchdog on another host or boot).
     pub at: f64,
+    /// When, on the writer's `CLOCK_BOOTTIME`, and that boot's id ([`crate::clock`]): what a
+    /// watchdog of the same boot ages it by, so that no step of the wall clock makes a worker
+    /// look hung (or alive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
     /// How long the step begun at `at` may take before the next beat, in seconds.
     pub allowance: f64,
     /// What that step is (`model call 7`, `tool bash`, `compaction`); none for the idle wait.
@@ -43,11 +50,36 @@ pub struct Beat {
 }
 
 impl Beat {
+    /// A beat of incarnation `epoch` at this moment (also a worker's start, for the
+    /// watchdog: its last sign of life until its first beat).
+    pub fn now(epoch: u64, allowance: f64, doing: Option<String>) -> Beat {
+        let s = crate::clock::Stamp::now();
+        Beat {
+            epoch,
+            at: s.at,
+            boot: s.boot,
+            boot_id: s.boot_id,
+            allowance,
+            doing,
+        }
+    }
+
+    /// How long ago it was written, as of `now` (on the boot clock when it is of this boot;
+    /// see [`crate::clock::Stamp::age`]).
+    pub fn age(&self, now: &crate::clock::Now) -> f64 {
+        crate::clock::Stamp {
+            at: self.at,
+            boot: self.boot,
+            boot_id: self.boot_id.clone(),
+        }
+        .age(now)
+    }
+
     /// Whether a worker whose last sign of progress is `self` is hung at `now`, for a
     /// watchdog of `watchdog` seconds: silent longer than the watchdog past its step's
     /// allowance.
-    pub fn overdue(&self, now: f64, watchdog: f64) -> bool {
-        now - self.at > watchdog + self.allowance
+    pub fn overdue(&self, now: &crate::clock::Now, watchdog: f64) -> bool {
+        self.age(now) > watchdog + self.allowance
     }
 }
 
@@ -108,12 +140,7 @@ impl Beater {
 
     /// [`Beater::beat`], saying what the step is (`lead top` shows it as "doing now").
     pub fn beat_doing(&mut self, allowance: Duration, doing: Option<String>) {
-        let beat = Beat {
-            epoch: self.epoch,
-            at: crate::fsutil::now(),
-            allowance: allowance.as_secs_f64(),
-            doing,
-        };
+        let beat = Beat::now(self.epoch, allowance.as_secs_f64(), doing);
         let Ok(mut bytes) = serde_json::to_vec(&beat) else {
             return;
         };
@@ -195,21 +222,29 @@ mod tests {
 
     #[test]
     fn a_beat_is_overdue_past_the_watchdog_and_its_steps_allowance() {
-        let idle = Beat {
-            epoch: 1,
-            at: 100.0,
-            allowance: 0.0,
-            doing: None,
+        let idle = Beat::now(1, 0.0, None);
+        let at = |secs: f64, wall_step: f64| crate::clock::Now {
+            wall: idle.at + secs + wall_step,
+            boot: idle.boot.unwrap() + secs,
         };
-        assert!(!idle.overdue(104.9, 5.0));
-        assert!(idle.overdue(105.1, 5.0));
+        assert!(!idle.overdue(&at(4.9, 0.0), 5.0));
+        assert!(idle.overdue(&at(5.1, 0.0), 5.0));
+        // A step of the wall clock, ten minutes forward or back, changes nothing.
+        assert!(!idle.overdue(&at(4.9, 600.0), 5.0));
+        assert!(idle.overdue(&at(5.1, -600.0), 5.0));
         let calling = Beat {
             allowance: 30.0,
             doing: Some("model call 3".into()),
             ..idle.clone()
         };
-        assert!(!calling.overdue(134.0, 5.0));
-        assert!(calling.overdue(135.5, 5.0));
+        assert!(!calling.overdue(&at(34.0, 0.0), 5.0));
+        assert!(calling.overdue(&at(35.5, 0.0), 5.0));
+        // A beat of another boot (or host) is aged on the wall clock.
+        let elsewhere = Beat {
+            boot_id: Some("another boot".into()),
+            ..idle.clone()
+        };
+        assert!(elsewhere.overdue(&at(0.0, 600.0), 5.0));
     }
 
     #[test]
