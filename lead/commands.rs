@@ -303,6 +303,7 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
                     "budget_usd": cfg.team_budget_usd,
                     "over_budget": troupe::cost::team_over_budget(&cfg),
                     "lead": cfg.lead_spend.unwrap_or_default(),
+                    "cooldowns": troupe::governor::cooldowns(team),
                 },
             })
         );
@@ -370,6 +371,15 @@ pub fn status(team: &TeamDir, a: ListArgs) -> anyhow::Result<u8> {
         }
     }
     println!("{line}");
+    for c in troupe::governor::cooldowns(team) {
+        println!(
+            "rate governor: every member waits {:.0} s more before calling endpoint {} (a rate \
+             limit's cooldown); to end it now: {}",
+            (c.until - now).max(0.0),
+            c.endpoint,
+            c.clear
+        );
+    }
     for m in &cfg.members {
         let mut b = Vec::new();
         if let Some(x) = m.budget_usd {

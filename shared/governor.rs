@@ -264,6 +264,42 @@ pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<usize> {
     }
 }
 
+/// A cooldown the team is waiting out at an endpoint, as `lead status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cooldown {
+    /// The endpoint's fingerprint (`govern/FP/`).
+    pub endpoint: String,
+    /// When it ends (Unix seconds), at most an hour from now ([`Limits::bounded`]).
+    pub until: f64,
+    /// How to end it by hand.
+    pub clear: String,
+}
+
+/// The cooldowns the team is waiting out now, endpoint by endpoint (a store that cannot be
+/// read shows none).
+pub fn cooldowns(team: &TeamDir) -> Vec<Cooldown> {
+    let now = fsutil::now();
+    let store = team.store();
+    let Ok(endpoints) = crate::store::govern::endpoints(store) else {
+        return Vec::new();
+    };
+    endpoints
+        .into_iter()
+        .filter_map(|fp| {
+            let bytes = Pool::new(store, &fp)
+                .update(|b| (None, b.map(<[u8]>::to_vec)))
+                .ok()??;
+            let limits: Limits = serde_json::from_slice(&bytes).ok()?;
+            let wait = limits.bounded(now).wait(now)?;
+            Some(Cooldown {
+                until: now + wait,
+                clear: crate::store::govern::clear_hint(store, &fp),
+                endpoint: fp,
+            })
+        })
+        .collect()
+}
+
 /// The governor of one process (see the module doc).
 pub struct Governor {
     team: TeamDir,

@@ -156,3 +156,45 @@ fn a_far_cooldown_left_in_the_state_is_bounded_by_the_next_run() {
     });
     eprintln!("bounded: {bounded}");
 }
+
+/// `lead status` shows a cooldown the team waits out (bounded to the hour, whatever the state
+/// says) and how to end it; that done, it shows none.
+#[test]
+fn lead_status_shows_the_teams_cooldown_and_how_to_end_it() {
+    let team = Team::new();
+    let dir = team.dir.root().join("govern").join("fp0123");
+    std::fs::create_dir_all(&dir).unwrap();
+    let far = serde_json::json!({
+        "cooldown_until": 32_472_144_000.0, "limit": 1.0, "halve_after": 0.0,
+        "changed_at": 0.0, "remaining": null, "reset_at": 0.0, "limited": 1,
+    });
+    std::fs::write(dir.join("state.json"), far.to_string()).unwrap();
+    let status = |json: bool| {
+        let args: &[&str] = if json {
+            &["status", "--json"]
+        } else {
+            &["status"]
+        };
+        let o = out(&mut lead(&team, "http://127.0.0.1:9", args));
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let v: Value = serde_json::from_str(&status(true)).unwrap();
+    let c = &v["team"]["cooldowns"];
+    assert_eq!(c.as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(c[0]["endpoint"], "fp0123");
+    let now = troupe::fsutil::now();
+    let until = c[0]["until"].as_f64().unwrap();
+    assert!(until <= now + 3600.0 + SLACK && until > now + 3000.0, "{c}");
+    let text = status(false);
+    let clear = format!("rm {}", dir.join("state.json").display());
+    assert!(
+        text.contains("rate governor: every member waits") && text.contains(&clear),
+        "{text}"
+    );
+    assert_eq!(c[0]["clear"], clear.as_str());
+    std::fs::remove_file(dir.join("state.json")).unwrap();
+    let v: Value = serde_json::from_str(&status(true)).unwrap();
+    assert_eq!(v["team"]["cooldowns"], serde_json::json!([]), "{v}");
+    assert!(!status(false).contains("rate governor:"));
+}

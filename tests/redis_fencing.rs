@@ -781,3 +781,42 @@ fn a_replaced_incarnations_gate_lets_no_call_out() {
     let unfenced = code(&new).expect("a call went out with the fence key gone");
     assert_eq!(unfenced.0, 75, "{}", unfenced.1);
 }
+
+/// `lead status`'s cooldowns on a bus: the endpoints' soft states are found by a SCAN of the
+/// team's keys, and the way to end one names its key.
+#[test]
+fn a_cooldown_on_a_bus_is_listed_with_its_key() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let team = troupe::TeamDir::create(dir.path().join(".team"))
+        .unwrap()
+        .with_bus(Some(
+            troupe::store::redis::RedisBus::with_password(&server.url("cd"), &server.password)
+                .unwrap(),
+        ));
+    assert_eq!(troupe::governor::cooldowns(&team), []);
+    let now = troupe::fsutil::now();
+    let limits = troupe::governor::Limits {
+        cooldown_until: now + 120.0,
+        ..troupe::governor::Limits::default()
+    };
+    for (fp, l) in [
+        ("fpa", &limits),
+        ("fpb", &troupe::governor::Limits::default()),
+    ] {
+        troupe::store::govern::Pool::new(team.store(), fp)
+            .update(|_| (Some(serde_json::to_vec(l).unwrap()), ()))
+            .unwrap();
+    }
+    let got = troupe::governor::cooldowns(&team);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].endpoint, "fpa");
+    assert!((got[0].until - (now + 120.0)).abs() < 1.0, "{got:?}");
+    let (bus, mut conn) = raw(&server, "cd");
+    let key = bus.key("govern:fpa:state");
+    assert_eq!(got[0].clear, format!("redis-cli DEL {key}"));
+    let _: i64 = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+    assert_eq!(troupe::governor::cooldowns(&team), []);
+}

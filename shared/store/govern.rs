@@ -89,9 +89,11 @@ impl Pool {
                         redis::Script::new(STATE)
                             .key(&fence)
                             .key(&key)
+                            .key(bus.key(ENDPOINTS))
                             .arg(&fence_value)
                             .arg(&bytes)
                             .arg(STATE_TTL_SECS)
+                            .arg(base.strip_prefix("govern:").unwrap_or(base))
                             .invoke::<i64>(c)
                     })?;
                 }
@@ -376,13 +378,64 @@ return redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
 "
 );
 
-/// KEYS: fence, the soft state. ARGV: fence value, the state, its expiry (s).
+/// KEYS: fence, the soft state, the set of endpoints. ARGV: fence value, the state, its
+/// expiry (s), the endpoint.
 const STATE: &str = fenced_script!(
     r"
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[4])
 return 1
 "
 );
+
+/// The set of the endpoints whose soft state was written on a bus (listed by `lead status`;
+/// the team's ACL has no SCAN).
+const ENDPOINTS: &str = "govern:endpoints";
+
+/// The endpoints (fingerprints) whose soft state `store` holds, for `lead status`.
+pub fn endpoints(store: Store<'_>) -> Result<Vec<String>> {
+    let mut out = match store {
+        Store::Files(team) => {
+            let dir = team.root().join("govern");
+            match std::fs::read_dir(&dir) {
+                Ok(entries) => entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().join("state.json").is_file())
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(crate::Error::io("read", &dir)(e)),
+            }
+        }
+        Store::Redis(bus) => {
+            let key = bus.key(ENDPOINTS);
+            bus.with_conn("list the rate limits", |c| {
+                redis::cmd("SMEMBERS").arg(&key).query::<Vec<String>>(c)
+            })?
+        }
+    };
+    out.sort();
+    Ok(out)
+}
+
+/// What ends endpoint `fingerprint`'s learned limits by hand (its cooldown with them): the
+/// soft state removed reads as a fresh start.
+pub fn clear_hint(store: Store<'_>, fingerprint: &str) -> String {
+    match store {
+        Store::Files(team) => format!(
+            "rm {}",
+            team.root()
+                .join("govern")
+                .join(fingerprint)
+                .join("state.json")
+                .display()
+        ),
+        Store::Redis(bus) => format!(
+            "redis-cli DEL {}",
+            bus.key(&format!("govern:{fingerprint}:state"))
+        ),
+    }
+}
 
 #[cfg(test)]
 mod tests {
