@@ -7,20 +7,34 @@
 //! began to wait. A waiter takes a slot only when fewer live waiters are ahead of it than
 //! slots are free, so a late comer polling often never overtakes an early one.
 //!
-//! - **files** (`govern/FP/` in the team dir): `state.json` under `state.lock`; slot `K` is
-//!   the flock of `slot.K`, and a waiter the flock of its file in `queue/` (named by its
-//!   order key). A crash releases both; a waiter's file whose lock is free is a dead
-//!   waiter's and is removed by the next one that looks.
+//! Waiters and holders are leased. One that stops renewing its lease (a process stopped by
+//! SIGSTOP or Ctrl-Z, or stuck) is passed over once the lease is stale, and holds nobody up
+//! for longer; one that dies goes at once (files) or when its lease lapses (Redis). A waiter
+//! renews with each try, so one sleeping out a cooldown may be passed over meanwhile (its
+//! place comes back with its next try). A stopped holder that is continued finishes its call:
+//! the cap is overshot by one call for as long as both run.
+//!
+//! - **files** (`govern/FP/` in the team dir): `state.json` under `state.lock`; a waiter is
+//!   the flock of its file in `queue/` (named by its order key), a holder the flock of its
+//!   file in `holders/`. A file's mtime is its lease: a waiter's tries renew it, a holder's
+//!   thread every second; it is stale [`FILE_LEASE`] after, or when it is ahead of the clock
+//!   by more than a second (a clock set back: stale until renewed, as after a step forward).
+//!   A crash releases the flock; a file whose lock is free is a dead process's and is removed
+//!   by the next try that looks. (A process stopped inside a look, under `state.lock`, still
+//!   holds everyone up until it is continued: for microseconds of every try.)
 //! - **Redis**: the key `govern:FP:state` under the bus's lock of that name; the slots'
-//!   holders and the queue are sorted sets, changed by one script per try, with expiries
-//!   the holders renew (a crashed host's slots lapse within [`HOLD_LEASE`]) on the server's
-//!   clock. Every write of them but a waiter's leaving and a slot's giving back is a script
-//!   fenced by the writer's fence ([`super::redis::Fence`]): a member's worker that a newer
-//!   incarnation replaced changes no limit, joins no queue, takes no slot and keeps none.
+//!   holders and the queue are sorted sets, changed by one script per try, with expiries on
+//!   the server's clock. A holder's thread renews its lease (a crashed or stopped host's slots
+//!   lapse within [`HOLD_LEASE`]), a waiter its place with each try (a dead or stopped one is
+//!   passed over within [`WAIT_LEASE`]). Every write of them but a waiter's leaving and a
+//!   slot's giving back is a script fenced by the writer's fence ([`super::redis::Fence`]): a
+//!   member's worker that a newer incarnation replaced changes no limit, joins no queue,
+//!   takes no slot and keeps none.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use super::Store;
 use super::redis::{RedisBus, fenced_script};
@@ -29,8 +43,17 @@ use crate::fsutil::{self, HeldLock};
 
 /// How long a slot on a bus stays held without a renewal.
 pub const HOLD_LEASE: Duration = Duration::from_secs(15);
-/// How long a waiter on a bus stays queued without trying again.
-const WAIT_LEASE: Duration = Duration::from_secs(30);
+/// How long a waiter on a bus stays queued without trying again (it tries every 50 ms).
+pub const WAIT_LEASE: Duration = Duration::from_secs(3);
+/// How long a waiter's or a holder's file in a team dir stays fresh without a renewal.
+pub const FILE_LEASE: Duration = Duration::from_secs(3);
+/// How often a holder in a team dir renews its file's lease.
+const FILE_RENEW: Duration = Duration::from_secs(1);
+/// How often, at most, a waiter's try in a team dir renews its file's lease.
+const FILE_REFRESH: Duration = Duration::from_millis(500);
+/// How far ahead of the clock a lease may be and still count (clocks of one host agree; a
+/// clock set back makes leases look renewed in the future).
+const FILE_AHEAD: Duration = Duration::from_secs(1);
 /// How long the soft state on a bus is kept after its last change.
 const STATE_TTL_SECS: u64 = 86_400;
 
@@ -111,7 +134,10 @@ impl Pool {
                 // Made and locked under the state's lock, which every look at the queue holds:
                 // nobody sees the file before it is locked.
                 let _state = HeldLock::acquire(&dir.join("state.lock"))?;
-                Place::File(HeldLock::acquire(&queue.join(&order))?)
+                Place::File {
+                    lease: Leased::create(queue.join(&order))?,
+                    renewed: Instant::now(),
+                }
             }
             Target::Redis(bus, base) => {
                 let id = format!(
@@ -158,6 +184,37 @@ fn order_score(order: &str) -> f64 {
     class * (1u64 << 52) as f64 + (micros >> 1) as f64
 }
 
+/// A file of this process in a team dir's pool (a waiter's place, a held slot): under its
+/// flock for as long as it is held; its mtime is its lease.
+struct Leased {
+    file: File,
+    path: PathBuf,
+}
+
+impl Leased {
+    /// Makes `path` and locks it (under the state's lock: nobody looks at it before it is
+    /// locked); made, its lease is fresh.
+    fn create(path: PathBuf) -> Result<Leased> {
+        let file = fsutil::open_rw(&path)?;
+        loop {
+            match file.lock() {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(crate::Error::io("lock", &path)(e)),
+            }
+        }
+        let leased = Leased { file, path };
+        leased.renew()?;
+        Ok(leased)
+    }
+
+    fn renew(&self) -> Result<()> {
+        self.file
+            .set_modified(SystemTime::now())
+            .map_err(crate::Error::io("renew the lease of", &self.path))
+    }
+}
+
 /// A place in a pool's queue; leaves it when dropped.
 pub struct Waiter<'a> {
     pool: &'a Pool,
@@ -166,7 +223,11 @@ pub struct Waiter<'a> {
 }
 
 enum Place {
-    File(HeldLock),
+    File {
+        lease: Leased,
+        /// When its lease was last renewed.
+        renewed: Instant,
+    },
     Bus(String),
 }
 
@@ -176,7 +237,11 @@ pub struct Slot {
 }
 
 enum Held {
-    File(#[allow(dead_code, reason = "held for its drop")] HeldLock),
+    File {
+        lease: Leased,
+        /// Dropped to stop the renewals.
+        _stop: mpsc::Sender<()>,
+    },
     Bus {
         bus: Box<RedisBus>,
         key: String,
@@ -188,12 +253,18 @@ enum Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Held::Bus { bus, key, id, .. } = self {
-            let r = bus.with_conn("give back a call slot", |c| {
-                redis::cmd("ZREM").arg(&*key).arg(&*id).query::<()>(c)
-            });
-            if let Err(e) = r {
-                tracing::debug!("{e} (the slot lapses by itself)");
+        match self {
+            // Removed while still locked: a file found unlocked is a dead holder's.
+            Held::File { lease, .. } => {
+                let _ = std::fs::remove_file(&lease.path);
+            }
+            Held::Bus { bus, key, id, .. } => {
+                let r = bus.with_conn("give back a call slot", |c| {
+                    redis::cmd("ZREM").arg(&*key).arg(&*id).query::<()>(c)
+                });
+                if let Err(e) = r {
+                    tracing::debug!("{e} (the slot lapses by itself)");
+                }
             }
         }
     }
@@ -201,28 +272,47 @@ impl Drop for Held {
 
 impl Waiter<'_> {
     /// Takes one of `n` slots if fewer live waiters are ahead of this one than slots are
-    /// free; `None`: wait and try again.
+    /// free; `None`: wait and try again (every try renews this waiter's lease).
     pub fn try_take(&mut self, n: usize) -> Result<Option<Slot>> {
         let n = n.max(1);
-        match (&self.pool.to, &self.place) {
-            (Target::Files(dir), Place::File(_)) => {
+        match (&self.pool.to, &mut self.place) {
+            (Target::Files(dir), Place::File { lease, renewed }) => {
                 let _state = HeldLock::acquire(&dir.join("state.lock"))?;
-                let ahead = live_ahead(&dir.join("queue"), &self.order)?;
-                let mut free = Vec::new();
-                for k in 0..n {
-                    if let Some(l) = HeldLock::try_acquire(&dir.join(format!("slot.{k}")))? {
-                        free.push(l);
-                        if free.len() > ahead {
-                            let taken = free.pop().expect("pushed above");
-                            return Ok(Some(Slot {
-                                _held: Held::File(taken),
-                            }));
-                        }
-                    }
+                if renewed.elapsed() >= FILE_REFRESH {
+                    lease.renew()?;
+                    *renewed = Instant::now();
                 }
-                Ok(None)
+                let now = SystemTime::now();
+                let holders = dir.join("holders");
+                let held = live(&holders, now, |_| true)?;
+                let ahead = live(&dir.join("queue"), now, |name| name < self.order.as_str())?;
+                if held + ahead >= n {
+                    return Ok(None);
+                }
+                fsutil::create_dir(&holders)?;
+                let id = format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
+                let lease = Leased::create(holders.join(&id))?;
+                let renewer = lease
+                    .file
+                    .try_clone()
+                    .map_err(crate::Error::io("open", &lease.path))?;
+                let (stop, stopped) = mpsc::channel::<()>();
+                std::thread::Builder::new()
+                    .name("slot-lease".into())
+                    .spawn(move || {
+                        while let Err(mpsc::RecvTimeoutError::Timeout) =
+                            stopped.recv_timeout(FILE_RENEW)
+                        {
+                            let _ = renewer.set_modified(SystemTime::now());
+                        }
+                    })
+                    .map_err(crate::Error::io("spawn", "a slot's lease renewal"))?;
+                Ok(Some(Slot {
+                    _held: Held::File { lease, _stop: stop },
+                }))
             }
             (Target::Redis(bus, base), Place::Bus(id)) => {
+                let id = &*id;
                 let holders = bus.key(&format!("{base}:holders"));
                 let queue = bus.key(&format!("{base}:queue"));
                 let alive = bus.key(&format!("{base}:alive"));
@@ -267,8 +357,8 @@ impl Waiter<'_> {
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         match (&self.pool.to, &self.place) {
-            (Target::Files(_), Place::File(held)) => {
-                let _ = std::fs::remove_file(held.path());
+            (Target::Files(_), Place::File { lease, .. }) => {
+                let _ = std::fs::remove_file(&lease.path);
             }
             (Target::Redis(bus, base), Place::Bus(id)) => {
                 let queue = bus.key(&format!("{base}:queue"));
@@ -289,27 +379,69 @@ impl Drop for Waiter<'_> {
     }
 }
 
-/// How many live waiters in `queue` are ahead of `order`: a file whose lock is free is a dead
-/// waiter's, and goes. Called under the state's lock.
-fn live_ahead(queue: &std::path::Path, order: &str) -> Result<usize> {
-    let mut ahead = 0;
-    let entries = std::fs::read_dir(queue).map_err(crate::Error::io("read", queue))?;
+/// Whether a lease renewed at `at` is fresh at `now` (see [`FILE_LEASE`], [`FILE_AHEAD`]).
+fn fresh(at: SystemTime, now: SystemTime) -> bool {
+    match now.duration_since(at) {
+        Ok(age) => age < FILE_LEASE,
+        Err(ahead) => ahead.duration() <= FILE_AHEAD,
+    }
+}
+
+/// Whether another open file of the lock at `path` (`file`) holds it.
+fn locked_by_another(file: &File, path: &Path) -> Result<bool> {
+    loop {
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = file.unlock();
+                return Ok(false);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(true),
+            Err(std::fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Interrupted => {
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(crate::Error::io("lock", path)(e));
+            }
+        }
+    }
+}
+
+/// How many other processes' files in `dir` (waiters', holders') whose names `wanted` takes
+/// are alive with a fresh lease at `now`: a file whose lock is free is a dead process's, and
+/// goes; one whose lease is stale is a stopped or stuck one's, passed over until it renews.
+/// Called under the state's lock.
+fn live(dir: &Path, now: SystemTime, wanted: impl Fn(&str) -> bool) -> Result<usize> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(crate::Error::io("read", dir)(e)),
+    };
+    let mut n = 0;
     for e in entries {
-        let e = e.map_err(crate::Error::io("read", queue))?;
+        let e = e.map_err(crate::Error::io("read", dir))?;
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name >= order {
+        if !wanted(name) {
             continue;
         }
         let path = e.path();
-        match HeldLock::try_acquire(&path)? {
-            Some(_dead) => {
-                let _ = std::fs::remove_file(&path);
-            }
-            None => ahead += 1,
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(crate::Error::io("open", &path)(e)),
+        };
+        if !locked_by_another(&file, &path)? {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        let renewed = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_err(crate::Error::io("stat", &path))?;
+        if fresh(renewed, now) {
+            n += 1;
         }
     }
-    Ok(ahead)
+    Ok(n)
 }
 
 /// Renews a held slot's lease on the bus every third of it, until `stopped` is dropped.
@@ -420,7 +552,7 @@ mod tests {
         // A waiter that died (its lock released, its file left) is passed over.
         let c = pool.queue("c", false).unwrap();
         let path = match &c.place {
-            Place::File(h) => h.path().to_owned(),
+            Place::File { lease, .. } => lease.path.clone(),
             Place::Bus(_) => unreachable!(),
         };
         std::mem::forget(c);
@@ -436,6 +568,92 @@ mod tests {
         let mut lead = pool.queue("lead", true).unwrap();
         assert!(e.try_take(1).unwrap().is_none());
         assert!(lead.try_take(1).unwrap().is_some());
+    }
+
+    /// Sets the mtime of every file of the pool's queue and slots (its leases) 10 s back, as
+    /// if their processes had stopped then.
+    fn age_leases(pool_dir: &std::path::Path) {
+        let back = std::time::SystemTime::now() - Duration::from_secs(10);
+        let mut dirs = vec![pool_dir.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if !p
+                    .file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("state.")
+                {
+                    std::fs::File::open(&p).unwrap().set_modified(back).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_waiter_whose_lease_is_stale_is_passed_over() {
+        // R4-7: a stopped waiter keeps its lock, but no longer renews its lease.
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        let pool = Pool::new(team.store(), "fp");
+        let _stopped = pool.queue("a", false).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut b = pool.queue("b", false).unwrap();
+        assert!(
+            b.try_take(1).unwrap().is_none(),
+            "a's lease is fresh: a goes first"
+        );
+        age_leases(&team.root().join("govern/fp"));
+        assert!(
+            b.try_take(1).unwrap().is_some(),
+            "a stale waiter held b back"
+        );
+    }
+
+    #[test]
+    fn a_holder_whose_lease_is_stale_frees_its_slot() {
+        // R4-7: a stopped holder keeps its lock, but its renewals stop with it.
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        let pool = Pool::new(team.store(), "fp");
+        let mut a = pool.queue("a", false).unwrap();
+        let _held = a.try_take(1).unwrap().expect("a is first");
+        drop(a);
+        let mut b = pool.queue("b", false).unwrap();
+        assert!(b.try_take(1).unwrap().is_none(), "a holds the one slot");
+        age_leases(&team.root().join("govern/fp"));
+        assert!(
+            b.try_take(1).unwrap().is_some(),
+            "a stale holder kept its slot"
+        );
+    }
+
+    #[test]
+    fn a_live_holder_and_a_live_waiter_keep_their_places_beyond_a_lease() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        let pool = Pool::new(team.store(), "fp");
+        let mut a = pool.queue("a", false).unwrap();
+        let held = a.try_take(1).unwrap().expect("a is first");
+        drop(a);
+        let mut b = pool.queue("b", false).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut c = pool.queue("c", false).unwrap();
+        // The holder's thread renews its lease, the waiter's tries renew its own.
+        let until = Instant::now() + FILE_LEASE + Duration::from_secs(1);
+        while Instant::now() < until {
+            assert!(
+                b.try_take(1).unwrap().is_none(),
+                "a's slot was taken from it"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drop(held);
+        assert!(c.try_take(1).unwrap().is_none(), "c went ahead of b");
+        assert!(b.try_take(1).unwrap().is_some());
     }
 
     #[test]
