@@ -8,8 +8,9 @@
 //!   asked for (`retry-after`, the reset of the exhausted limit, else the backoff) and every
 //!   member waits it out, with jitter, before its next attempt there;
 //! - **a concurrency cap**: at most `max_concurrent_calls` attempts in flight across the team
-//!   (`[model_caps]` per model), each holding a slot a crash releases, taken first come,
-//!   first served (the LLM lead first; waits show as `doing: waiting_slot`); without a cap,
+//!   (and per model-id prefix, `[model_caps]`, counting that prefix's calls only), each
+//!   holding a slot a crash releases (and a stop, within its lease), taken first come, first
+//!   served (the LLM lead first; waits show as `doing: waiting_slot`); without a cap,
 //!   an adaptive one (AIMD, as TCP): halved at a rate limit (not below 1, once per cooldown),
 //!   one more after each quiet window;
 //! - **pacing**: where answers say how many requests or tokens are left in the provider's
@@ -31,7 +32,7 @@ use crate::fsutil;
 use crate::inbox::{Durability, Inbox};
 use crate::llm::gate::{Gate, Seen};
 use crate::message::{Message, MessageType};
-use crate::store::govern::Pool;
+use crate::store::govern::{Cap, Pool};
 use crate::teamdir::{AgentName, LEAD, TeamDir};
 
 /// The adaptive cap a team starts from: a new team's first calls are staggered, and each
@@ -247,20 +248,25 @@ impl Limits {
     }
 }
 
-/// The cap on attempts in flight at an endpoint for `model`: the team's explicit one (the
-/// model's own first), else the adaptive one while the governor is on; `None`: no cap.
-pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<usize> {
-    let by_model = cfg
+/// The caps on attempts in flight at an endpoint for `model`: its `[model_caps]` one (the
+/// longest prefix that matches), which counts that prefix's calls only, and the team's
+/// explicit one, which counts every call; without either, the adaptive one while the governor
+/// is on (a model with a cap of its own is not under it). `None`: no cap.
+pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<Cap> {
+    let group = cfg
         .model_caps
         .iter()
         .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
         .max_by_key(|(prefix, _)| prefix.len())
-        .map(|(_, n)| *n);
-    match by_model.or(cfg.max_concurrent_calls) {
-        Some(n) => Some(n as usize),
-        None if cfg.rate_governor.unwrap_or_default() == Mode::On => Some(limits.limit as usize),
-        None => None,
-    }
+        .map(|(prefix, n)| (prefix.clone(), *n as usize));
+    let team = match (cfg.max_concurrent_calls, &group) {
+        (Some(n), _) => Some(n as usize),
+        (None, None) if cfg.rate_governor.unwrap_or_default() == Mode::On => {
+            Some(limits.limit as usize)
+        }
+        (None, _) => None,
+    };
+    (group.is_some() || team.is_some()).then_some(Cap { group, team })
 }
 
 /// The governor of one process (see the module doc).
@@ -669,21 +675,38 @@ mod tests {
     }
 
     #[test]
-    fn the_cap_is_the_models_then_the_teams_then_the_learned_one() {
+    fn the_cap_is_the_models_and_the_teams_else_the_learned_one() {
         let mut cfg = TeamConfig::default();
         let l = Limits {
             limit: 3.0,
             ..Limits::default()
         };
-        assert_eq!(cap(&cfg, "m", &l), Some(3));
+        let of = |n: usize| Some(Cap::from(n));
+        assert_eq!(cap(&cfg, "m", &l), of(3));
         cfg.rate_governor = Some(Mode::Off);
         assert_eq!(cap(&cfg, "m", &l), None);
         cfg.max_concurrent_calls = Some(5);
-        assert_eq!(cap(&cfg, "m", &l), Some(5));
+        assert_eq!(cap(&cfg, "m", &l), of(5));
         cfg.model_caps.insert("claude-opus".into(), 1);
         cfg.model_caps.insert("claude".into(), 2);
-        assert_eq!(cap(&cfg, "claude-opus-4", &l), Some(1));
-        assert_eq!(cap(&cfg, "claude-haiku", &l), Some(2));
-        assert_eq!(cap(&cfg, "gpt", &l), Some(5));
+        // A model's cap counts its prefix's calls; the team's, still every call (R4-9).
+        let both = |prefix: &str, n: usize| {
+            Some(Cap {
+                group: Some((prefix.to_owned(), n)),
+                team: Some(5),
+            })
+        };
+        assert_eq!(cap(&cfg, "claude-opus-4", &l), both("claude-opus", 1));
+        assert_eq!(cap(&cfg, "claude-haiku", &l), both("claude", 2));
+        assert_eq!(cap(&cfg, "gpt", &l), of(5));
+        // Without the team's cap, a model of its own cap is under no other.
+        cfg.max_concurrent_calls = None;
+        cfg.rate_governor = None;
+        let own = Cap {
+            group: Some(("claude-opus".to_owned(), 1)),
+            team: None,
+        };
+        assert_eq!(cap(&cfg, "claude-opus-4", &l), Some(own));
+        assert_eq!(cap(&cfg, "gpt", &l), of(3));
     }
 }
