@@ -1,12 +1,13 @@
-//! Review 4's R4-7 and m4, with the real `lead` and `worker` under `--max-concurrent-calls
+//! Review 4's R4-7, m4 and m1, with the real `lead` and `worker` under `--max-concurrent-calls
 //! 1` against a fake model server: a stopped waiter for the call slot (SIGSTOP, as Ctrl-Z of
 //! `lead chat` would) no longer holds the queue for everyone behind it, in a team dir (its
 //! place lapses within seconds) or on a bus (within the waiter's lease); a stopped holder of the
-//! slot gives it up within its lease, and finishes its call once continued.
+//! slot gives it up within its lease, and finishes its call once continued; and a holder killed
+//! with `kill -9` leaves no entry in the limits' `in_flight`.
 //!
 //! The bounds asserted are loose for a noisy machine, but far below what the faults gave: a
 //! stopped waiter or holder blocked the next call until it was continued (a team dir) or for 30 s
-//! (a waiter on a bus).
+//! (a waiter on a bus), and a killed call's `in_flight` entry stayed 900 s.
 
 mod support;
 
@@ -161,6 +162,21 @@ impl Site {
             Site::Bus { .. } => signal(pid, Signal::SIGSTOP),
         }
     }
+
+    /// How many attempts the governor's state for the fake at `url` has in flight.
+    fn in_flight(&self, url: &str) -> usize {
+        let team = match self {
+            Site::Dir(team) => team.dir.clone(),
+            Site::Bus { bus, host, .. } => bus.team_dir(host),
+        };
+        let fp = troupe::llm::gate::fingerprint(&format!("{url}/v1/messages"), "sk-test");
+        let state = troupe::store::govern::Pool::new(team.store(), &fp)
+            .update(|b| (None, b.map(<[u8]>::to_vec)))
+            .unwrap()
+            .expect("the governor's state");
+        let state: Value = serde_json::from_slice(&state).unwrap();
+        state["in_flight"].as_array().expect("in_flight").len()
+    }
 }
 
 fn signal(pid: u32, sig: Signal) {
@@ -258,4 +274,41 @@ fn in_a_team_dir_a_stopped_holder_gives_up_its_slot() {
     fake.push_for("m-alice", text("alice done"));
     site.idle("alice");
     site.idle("bob");
+}
+
+/// m1: alice holds the only slot and is killed with SIGKILL (not restarted); bob's call goes
+/// once her slot is free (at once in a team dir, when its lease lapses on a bus) and ends:
+/// nothing is left in flight in the governor's state.
+fn a_killed_holders_in_flight_entry_goes_with_it(site: &Site) {
+    let fake = FakeLlm::start([]).patient(T * 2);
+    let url = fake.url();
+    fake.push_for("m-bob", text("bob done"));
+    let _lead = site.supervise(&url, &["--max-restarts", "0"]);
+    site.spawn(&url, "alice");
+    wait_until(T, "alice's call", || {
+        (fake.requests_for("m-alice") > 0).then_some(())
+    });
+    let alice = site.member("alice")["pid"].as_u64().unwrap() as u32;
+    site.spawn(&url, "bob");
+    site.waiting_slot("bob");
+    assert_eq!(site.in_flight(&url), 1, "alice's call is in flight");
+    signal(alice, Signal::SIGKILL);
+    site.idle("bob");
+    assert_eq!(fake.requests_for("m-bob"), 1);
+    assert_eq!(
+        site.in_flight(&url),
+        0,
+        "the killed call's entry stayed, with no call in flight"
+    );
+}
+
+#[test]
+fn in_a_team_dir_a_killed_holders_in_flight_entry_goes_with_it() {
+    a_killed_holders_in_flight_entry_goes_with_it(&Site::dir());
+}
+
+#[test]
+fn on_a_bus_a_killed_holders_in_flight_entry_goes_with_it() {
+    let Some(site) = Site::bus() else { return };
+    a_killed_holders_in_flight_entry_goes_with_it(&site);
 }

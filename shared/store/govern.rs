@@ -241,6 +241,41 @@ impl Pool {
         }
     }
 
+    /// Whether each of the slots `ids` ([`Slot::id`]) is still held: by a process alive (a
+    /// stopped one included, in a team dir) or, on a bus, within its lease. May be called from
+    /// [`Pool::update`]'s `f`.
+    pub fn alive(&self, ids: &[String]) -> Result<Vec<bool>> {
+        match &self.to {
+            Target::Files(dir) => {
+                let holders = dir.join("holders");
+                ids.iter()
+                    .map(|id| {
+                        // A slot's id is a file name of ours; anything else (a state file
+                        // written by hand) names no holder.
+                        if id.is_empty()
+                            || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                        {
+                            return Ok(false);
+                        }
+                        let path = holders.join(id);
+                        Ok(match File::open(&path) {
+                            Ok(file) => locked_by_another(&file, &path)?,
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                            Err(e) => return Err(crate::Error::io("open", &path)(e)),
+                        })
+                    })
+                    .collect()
+            }
+            Target::Redis(bus, base) => {
+                let holders = bus.key(&format!("{base}:holders"));
+                let live: Vec<String> = bus.with_conn("read the call slots' holders", |c| {
+                    redis::Script::new(LIVE).key(&holders).invoke(c)
+                })?;
+                Ok(ids.iter().map(|id| live.contains(id)).collect())
+            }
+        }
+    }
+
     /// Joins the queue for a slot, as `holder` (who waits: for messages and the bus's
     /// records), the LLM lead's process ahead of every teammate with `first`.
     pub fn queue(&self, holder: &str, first: bool) -> Result<Waiter<'_>> {
@@ -373,7 +408,15 @@ enum Place {
 
 /// A held call slot; given back when dropped.
 pub struct Slot {
+    id: String,
     _held: Held,
+}
+
+impl Slot {
+    /// This slot's id among the pool's holders (see [`Pool::alive`]).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 enum Held {
@@ -461,6 +504,7 @@ impl Waiter<'_> {
                     })
                     .map_err(crate::Error::io("spawn", "a slot's lease renewal"))?;
                 Ok(Some(Slot {
+                    id,
                     _held: Held::File { lease, _stop: stop },
                 }))
             }
@@ -513,6 +557,7 @@ impl Waiter<'_> {
                     .spawn(move || renew(&renewer.0, &renewer.1, &renewer.2, &stopped))
                     .map_err(crate::Error::io("spawn", "a slot's lease renewal"))?;
                 Ok(Some(Slot {
+                    id: holder.clone(),
                     _held: Held::Bus {
                         bus: bus.clone(),
                         key: holders,
@@ -742,6 +787,13 @@ return redis.call('ZADD', KEYS[2], 'XX', 'CH', now + tonumber(ARGV[3]), ARGV[2])
 "
 );
 
+/// KEYS: holders. The holders whose lease has not lapsed (a read: not fenced).
+const LIVE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+";
+
 /// KEYS: fence, the soft state. ARGV: fence value, the state, its expiry (s).
 const STATE: &str = fenced_script!(
     r"
@@ -964,6 +1016,28 @@ mod tests {
         assert!(!admits(&cap(opus(2), Some(6)), &held(5, 0), &[None]));
         // A cap of 0 is a cap of 1.
         assert!(admits(&cap(opus(0), Some(0)), &held(0, 0), &[]));
+    }
+
+    #[test]
+    fn a_slot_is_alive_while_its_holder_holds_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let team = TeamDir::create(tmp.path().join("t")).unwrap();
+        let pool = Pool::new(team.store(), "fp");
+        let slot = pool
+            .queue("a", false)
+            .unwrap()
+            .try_take(2)
+            .unwrap()
+            .unwrap();
+        let id = slot.id().to_owned();
+        let names = |ids: &[&str]| ids.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let asked = names(&[&id, "../state.json", "", "none-such"]);
+        assert_eq!(pool.alive(&asked).unwrap(), [true, false, false, false]);
+        // Stale (its holder stopped), it still holds its call.
+        age_leases(&team.root().join("govern/fp"));
+        assert_eq!(pool.alive(&names(&[&id])).unwrap(), [true]);
+        drop(slot);
+        assert_eq!(pool.alive(&names(&[&id])).unwrap(), [false]);
     }
 
     #[test]
