@@ -8,8 +8,9 @@
 //!   asked for (`retry-after`, the reset of the exhausted limit, else the backoff) and every
 //!   member waits it out, with jitter, before its next attempt there;
 //! - **a concurrency cap**: at most `max_concurrent_calls` attempts in flight across the team
-//!   (`[model_caps]` per model), each holding a slot a crash releases, taken first come,
-//!   first served (the LLM lead first; waits show as `doing: waiting_slot`); without a cap,
+//!   (and per model-id prefix, `[model_caps]`, counting that prefix's calls only), each
+//!   holding a slot a crash releases (and a stop, within its lease), taken first come, first
+//!   served (the LLM lead first; waits show as `doing: waiting_slot`); without a cap,
 //!   an adaptive one (AIMD, as TCP): halved at a rate limit (not below 1, once per cooldown),
 //!   one more after each quiet window;
 //! - **pacing**: where answers say how many requests or tokens are left in the provider's
@@ -32,7 +33,7 @@ use crate::inbox::{Durability, Inbox};
 use crate::llm::LlmError;
 use crate::llm::gate::{Gate, Seen};
 use crate::message::{Message, MessageType};
-use crate::store::govern::Pool;
+use crate::store::govern::{Cap, Pool, Slot};
 use crate::teamdir::{AgentName, LEAD, TeamDir};
 
 /// The adaptive cap a team starts from: a new team's first calls are staggered, and each
@@ -85,10 +86,11 @@ pub struct Limits {
     /// No rate limit met yet: the cap grows with every answer.
     #[serde(default)]
     pub slow_start: bool,
-    /// When the attempts now in flight began (an attempt's entry goes when it ends; one a
-    /// crash left goes after [`IN_FLIGHT_MAX`]).
-    #[serde(default)]
-    pub in_flight: Vec<f64>,
+    /// The attempts now in flight: when each began, and the slot it holds. An attempt's entry
+    /// goes when it ends, or once its slot's holder is gone (a killed process's: see
+    /// [`Limits::drop_gone`]); one of no slot that a crash left goes after [`IN_FLIGHT_MAX`].
+    #[serde(default, deserialize_with = "in_flight_entries")]
+    pub in_flight: Vec<InFlight>,
     /// When the lead was last told the team is rate limited here.
     #[serde(default)]
     pub told_at: f64,
@@ -107,6 +109,34 @@ pub struct Limits {
 
 /// The longest an attempt counts as in flight without ending.
 pub const IN_FLIGHT_MAX: f64 = 900.0;
+
+/// An attempt in flight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// When it began (Unix seconds).
+    pub at: f64,
+    /// The id of the slot it holds ([`crate::store::govern::Slot::id`]); none without a cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// `in_flight` as written: entries of this version, and the bare start times of older ones
+/// (of no slot).
+fn in_flight_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<InFlight>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entry {
+        Now(InFlight),
+        Then(f64),
+    }
+    Ok(Vec::<Entry>::deserialize(d)?
+        .into_iter()
+        .map(|e| match e {
+            Entry::Now(e) => e,
+            Entry::Then(at) => InFlight { at, by: None },
+        })
+        .collect())
+}
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -143,7 +173,8 @@ impl Limits {
         ] {
             *t = if t.is_nan() { 0.0 } else { t.min(latest) };
         }
-        self.in_flight.retain(|&t| t.is_finite() && t <= now + 1.0);
+        self.in_flight
+            .retain(|e| e.at.is_finite() && e.at <= now + 1.0);
         self
     }
 
@@ -164,8 +195,9 @@ impl Limits {
         None
     }
 
-    /// An attempt goes at `now`: one request of the window spent, and one more in flight.
-    pub fn spend(&mut self, now: f64) {
+    /// An attempt goes at `now`, holding slot `by`: one request of the window spent, and one
+    /// more in flight.
+    pub fn spend(&mut self, now: f64, by: Option<&str>) {
         if self.reset_at > now
             && let Some(r) = self.remaining.as_mut()
         {
@@ -176,15 +208,36 @@ impl Limits {
         {
             *t = (*t - self.tokens_per_call).max(0.0);
         }
-        self.in_flight.retain(|&t| now - t < IN_FLIGHT_MAX);
-        self.in_flight.push(now);
+        self.in_flight.retain(|e| now - e.at < IN_FLIGHT_MAX);
+        self.in_flight.push(InFlight {
+            at: now,
+            by: by.map(str::to_owned),
+        });
     }
 
-    /// An attempt ended.
-    pub fn ended(&mut self) {
-        if !self.in_flight.is_empty() {
-            self.in_flight.remove(0);
+    /// The attempt that holds slot `by` ended (`None`: one of no slot, the oldest).
+    pub fn ended(&mut self, by: Option<&str>) {
+        if let Some(i) = self.in_flight.iter().position(|e| e.by.as_deref() == by) {
+            self.in_flight.remove(i);
         }
+    }
+
+    /// Drops the attempts whose slot's holder is gone (killed: its call went with it), as
+    /// `alive` says of the slots named (in order; `None`: it cannot tell, and all are kept).
+    pub fn drop_gone(&mut self, alive: impl FnOnce(&[String]) -> Option<Vec<bool>>) {
+        let by: Vec<String> = self.in_flight.iter().filter_map(|e| e.by.clone()).collect();
+        if by.is_empty() {
+            return;
+        }
+        let Some(alive) = alive(&by) else { return };
+        let gone: std::collections::HashSet<&str> = by
+            .iter()
+            .zip(alive)
+            .filter(|(_, alive)| !alive)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        self.in_flight
+            .retain(|e| e.by.as_deref().is_none_or(|id| !gone.contains(id)));
     }
 
     /// What an answer said, with `in_flight` attempts out (this one included).
@@ -248,20 +301,25 @@ impl Limits {
     }
 }
 
-/// The cap on attempts in flight at an endpoint for `model`: the team's explicit one (the
-/// model's own first), else the adaptive one while the governor is on; `None`: no cap.
-pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<usize> {
-    let by_model = cfg
+/// The caps on attempts in flight at an endpoint for `model`: its `[model_caps]` one (the
+/// longest prefix that matches), which counts that prefix's calls only, and the team's
+/// explicit one, which counts every call; without either, the adaptive one while the governor
+/// is on (a model with a cap of its own is not under it). `None`: no cap.
+pub fn cap(cfg: &TeamConfig, model: &str, limits: &Limits) -> Option<Cap> {
+    let group = cfg
         .model_caps
         .iter()
         .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
         .max_by_key(|(prefix, _)| prefix.len())
-        .map(|(_, n)| *n);
-    match by_model.or(cfg.max_concurrent_calls) {
-        Some(n) => Some(n as usize),
-        None if cfg.rate_governor.unwrap_or_default() == Mode::On => Some(limits.limit as usize),
-        None => None,
-    }
+        .map(|(prefix, n)| (prefix.clone(), *n as usize));
+    let team = match (cfg.max_concurrent_calls, &group) {
+        (Some(n), _) => Some(n as usize),
+        (None, None) if cfg.rate_governor.unwrap_or_default() == Mode::On => {
+            Some(limits.limit as usize)
+        }
+        (None, _) => None,
+    };
+    (group.is_some() || team.is_some()).then_some(Cap { group, team })
 }
 
 /// A cooldown the team is waiting out at an endpoint, as `lead status` shows it.
@@ -384,6 +442,7 @@ impl Governor {
                 .unwrap_or_default();
             // Bounded as read, and written back so (whatever `f` does).
             let mut limits = before.clone().bounded(fsutil::now());
+            limits.drop_gone(|ids| pool.alive(ids).ok());
             let out = f(&mut limits);
             let next = (limits != before)
                 .then(|| serde_json::to_vec(&limits).ok())
@@ -460,13 +519,15 @@ struct Held<'a> {
     governor: &'a Governor,
     pool: Pool,
     counted: bool,
-    _slot: Option<crate::store::govern::Slot>,
+    /// Given back after its attempt's end is noted.
+    slot: Option<Slot>,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         if self.counted {
-            self.governor.with_limits(&self.pool, Limits::ended);
+            let by = self.slot.as_ref().map(Slot::id);
+            self.governor.with_limits(&self.pool, |l| l.ended(by));
         }
     }
 }
@@ -552,7 +613,7 @@ impl Gate for Governor {
                         if l.wait(now).is_some() {
                             return false;
                         }
-                        l.spend(now);
+                        l.spend(now, slot.as_ref().map(Slot::id));
                         true
                     })
                     .unwrap_or(true);
@@ -573,7 +634,7 @@ impl Gate for Governor {
             governor: self,
             pool,
             counted: on,
-            _slot: slot,
+            slot,
         }))
     }
 
@@ -645,7 +706,7 @@ mod tests {
             remaining: Some(0),
             tokens_reset_at: f64::NAN,
             halve_after: far,
-            in_flight: vec![99.0, far],
+            in_flight: [99.0, far].map(|at| InFlight { at, by: None }).to_vec(),
             ..Limits::default()
         }
         .bounded(100.0);
@@ -653,7 +714,7 @@ mod tests {
         assert_eq!(l.reset_at, 3700.0);
         assert_eq!(l.tokens_reset_at, 0.0);
         assert_eq!(l.halve_after, 3700.0);
-        assert_eq!(l.in_flight, vec![99.0]);
+        assert_eq!(l.in_flight, vec![InFlight { at: 99.0, by: None }]);
         assert_eq!(l.wait(100.0), Some(3600.0));
         // What is within the hour is kept as it is.
         let near = Limits {
@@ -724,8 +785,8 @@ mod tests {
         let mut l = Limits::default();
         l.observe(&ok(Some(2), 1.0), 10.0, 0);
         assert_eq!(l.wait(10.1), None);
-        l.spend(10.1);
-        l.spend(10.2);
+        l.spend(10.1, None);
+        l.spend(10.2, None);
         assert_eq!(l.remaining, Some(0));
         assert!((l.wait(10.5).unwrap() - 0.5).abs() < 1e-9);
         // A late answer of the same window does not give back what was spent.
@@ -735,8 +796,8 @@ mod tests {
         assert_eq!(l.wait(11.0), None);
         l.observe(&ok(Some(5), 1.0), 11.0, 0);
         assert_eq!(l.remaining, Some(4), "one other attempt is in flight");
-        l.ended();
-        l.ended();
+        l.ended(None);
+        l.ended(None);
         assert!(l.in_flight.is_empty());
         l.observe(&ok(Some(5), 1.0), 12.5, 0);
         assert_eq!(l.remaining, Some(5));
@@ -753,13 +814,13 @@ mod tests {
         let mut l = Limits::default();
         l.observe(&tokens(10_000, 10.0), 0.0, 0);
         assert_eq!(l.wait(0.1), None);
-        l.spend(0.1);
+        l.spend(0.1, None);
         // The first drop seen is what a call takes.
         l.observe(&tokens(7_000, 9.8), 0.2, 1);
         assert_eq!(l.tokens_per_call, 3_000.0);
-        l.ended();
-        l.spend(0.3);
-        l.spend(0.4);
+        l.ended(None);
+        l.spend(0.3, None);
+        l.spend(0.4, None);
         assert_eq!(l.tokens_left, Some(1_000.0));
         // Another call would not fit: wait for the window's reset.
         assert!((l.wait(0.5).unwrap() - 9.5).abs() < 1e-9);
@@ -771,21 +832,73 @@ mod tests {
     }
 
     #[test]
-    fn the_cap_is_the_models_then_the_teams_then_the_learned_one() {
+    fn an_attempts_entry_goes_with_its_end_or_its_holder() {
+        // m1: a killed call's entry goes once its slot's holder is gone, not after 900 s.
+        let mut l = Limits::default();
+        l.spend(1.0, Some("a"));
+        l.spend(2.0, Some("b"));
+        l.spend(3.0, None);
+        l.spend(4.0, Some("c"));
+        l.ended(Some("b"));
+        let by = |l: &Limits| -> Vec<Option<String>> {
+            l.in_flight.iter().map(|e| e.by.clone()).collect()
+        };
+        assert_eq!(by(&l), [Some("a".into()), None, Some("c".into())]);
+        let mut asked = Vec::new();
+        l.drop_gone(|ids| {
+            asked = ids.to_vec();
+            Some(vec![false, true])
+        });
+        assert_eq!(asked, ["a", "c"]);
+        assert_eq!(by(&l), [None, Some("c".to_owned())]);
+        // A store that cannot tell drops nothing.
+        l.drop_gone(|_| None);
+        assert_eq!(l.in_flight.len(), 2);
+        l.ended(None);
+        l.ended(Some("c"));
+        assert!(l.in_flight.is_empty());
+        // A state an older version wrote (bare start times) still reads.
+        let old: Limits = serde_json::from_str(
+            r#"{"cooldown_until":0,"limit":2,"halve_after":0,"changed_at":0,
+                "remaining":null,"reset_at":0,"limited":0,"in_flight":[5.5]}"#,
+        )
+        .unwrap();
+        assert_eq!(old.in_flight, [InFlight { at: 5.5, by: None }]);
+    }
+
+    #[test]
+    fn the_cap_is_the_models_and_the_teams_else_the_learned_one() {
         let mut cfg = TeamConfig::default();
         let l = Limits {
             limit: 3.0,
             ..Limits::default()
         };
-        assert_eq!(cap(&cfg, "m", &l), Some(3));
+        let of = |n: usize| Some(Cap::from(n));
+        assert_eq!(cap(&cfg, "m", &l), of(3));
         cfg.rate_governor = Some(Mode::Off);
         assert_eq!(cap(&cfg, "m", &l), None);
         cfg.max_concurrent_calls = Some(5);
-        assert_eq!(cap(&cfg, "m", &l), Some(5));
+        assert_eq!(cap(&cfg, "m", &l), of(5));
         cfg.model_caps.insert("claude-opus".into(), 1);
         cfg.model_caps.insert("claude".into(), 2);
-        assert_eq!(cap(&cfg, "claude-opus-4", &l), Some(1));
-        assert_eq!(cap(&cfg, "claude-haiku", &l), Some(2));
-        assert_eq!(cap(&cfg, "gpt", &l), Some(5));
+        // A model's cap counts its prefix's calls; the team's, still every call (R4-9).
+        let both = |prefix: &str, n: usize| {
+            Some(Cap {
+                group: Some((prefix.to_owned(), n)),
+                team: Some(5),
+            })
+        };
+        assert_eq!(cap(&cfg, "claude-opus-4", &l), both("claude-opus", 1));
+        assert_eq!(cap(&cfg, "claude-haiku", &l), both("claude", 2));
+        assert_eq!(cap(&cfg, "gpt", &l), of(5));
+        // Without the team's cap, a model of its own cap is under no other.
+        cfg.max_concurrent_calls = None;
+        cfg.rate_governor = None;
+        let own = Cap {
+            group: Some(("claude-opus".to_owned(), 1)),
+            team: None,
+        };
+        assert_eq!(cap(&cfg, "claude-opus-4", &l), Some(own));
+        assert_eq!(cap(&cfg, "gpt", &l), of(3));
     }
 }

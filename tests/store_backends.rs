@@ -216,7 +216,7 @@ fn merge_entries(open: &(dyn Fn() -> TeamDir + Sync)) {
 
 /// The rate governor's part of the contract, each party with its own handle on the team.
 fn call_slots(open: &(dyn Fn() -> TeamDir + Sync)) {
-    use troupe::store::govern::Pool;
+    use troupe::store::govern::{Cap, Pool};
     let (t1, t2, t3) = (open(), open(), open());
     let (p1, p2, p3) = (
         Pool::new(t1.store(), "fp"),
@@ -244,6 +244,48 @@ fn call_slots(open: &(dyn Fn() -> TeamDir + Sync)) {
     let mut lead = p3.queue("lead", true).unwrap();
     assert!(mate.try_take(1).unwrap().is_none(), "the lead goes first");
     assert!(lead.try_take(1).unwrap().is_some());
+    drop((mate, lead));
+    // A model's cap counts that model's calls, the team's every call (review 4, R4-9): under
+    // a team's cap of 3 and opus's of 1, an opus call goes beside a haiku one; a second opus
+    // waiter waits for the first and keeps no slot from a haiku waiter behind it.
+    let opus = || Cap {
+        group: Some(("claude-opus".into(), 1)),
+        team: Some(3),
+    };
+    let mut h1 = p1.queue("h1", false).unwrap();
+    let first_haiku = h1.try_take(3).unwrap().expect("nothing in flight");
+    drop(h1);
+    let mut o1 = p2.queue("o1", false).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let mut o2 = p3.queue("o2", false).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let mut h2 = p1.queue("h2", false).unwrap();
+    let first_opus = o1
+        .try_take(opus())
+        .unwrap()
+        .expect("no opus call in flight");
+    drop(o1);
+    assert!(
+        o2.try_take(opus()).unwrap().is_none(),
+        "two opus calls at once"
+    );
+    let second_haiku = h2.try_take(3).unwrap();
+    assert!(
+        second_haiku.is_some(),
+        "o2, held back by its cap, held h2 back"
+    );
+    drop(h2);
+    let mut h3 = p2.queue("h3", false).unwrap();
+    assert!(
+        h3.try_take(3).unwrap().is_none(),
+        "the team's cap counts the opus call"
+    );
+    drop(first_opus);
+    assert!(h3.try_take(3).unwrap().is_none(), "h3 went ahead of o2");
+    let second_opus = o2.try_take(opus()).unwrap().expect("o2's turn");
+    drop(o2);
+    drop((first_haiku, second_opus, second_haiku));
+    assert!(h3.try_take(3).unwrap().is_some());
 }
 
 fn task(subject: &str) -> NewTask {
