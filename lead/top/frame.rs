@@ -251,26 +251,43 @@ fn row_of(
     )
 }
 
-/// The last events of the log (enough for the lints and the rate-limit state), read on from
-/// where the last look ended.
+/// The last [`TAIL`] events of the log: all the view derives from events (a member's recent
+/// tool calls, for the lint "same tool call N times in a row", and the last `rate_limited`
+/// cooldown) is read from them, and everything else from the records (the roster, requests,
+/// tasks, merge entries, heartbeats). The first look reads them back from the log's end
+/// ([`troupe::events::tail`]); each later one reads on from where the last ended, a page at a
+/// time. So neither the time to the first frame nor what the view holds grows with the log
+/// (which is never trimmed), and a frame shows what it would on a log of only those events.
 #[derive(Default)]
 pub struct Tail {
-    pos: u64,
+    /// Where the next look reads on from (`None`: nothing read yet).
+    pos: Option<u64>,
     pub events: std::collections::VecDeque<Value>,
 }
 
 /// How many of the last events a [`Tail`] keeps.
-const TAIL: usize = 2000;
+pub const TAIL: usize = 2000;
 
 impl Tail {
     pub fn refresh(&mut self, team: &TeamDir) {
-        if let Ok((new, next)) = troupe::events::read_from(team, self.pos) {
-            self.pos = next;
+        let Some(mut pos) = self.pos else {
+            if let Ok((last, next)) = troupe::events::tail(team, TAIL) {
+                self.events = last.into();
+                self.pos = Some(next);
+            }
+            return;
+        };
+        while let Ok((new, next)) = troupe::events::read_page(team, pos, None, TAIL) {
+            if next == pos {
+                break;
+            }
+            pos = next;
             self.events.extend(new);
             while self.events.len() > TAIL {
                 self.events.pop_front();
             }
         }
+        self.pos = Some(pos);
     }
 
     pub fn as_slice(&mut self) -> &[Value] {
