@@ -13,7 +13,7 @@
 //! | --- | --- |
 //! | inboxes (append, drain, wait) | [`crate::inbox::Inbox`], [`crate::wait::InboxWaiter`] |
 //! | documents under a lock (the roster, team files' record) | [`doc::Doc`] |
-//! | records under a lock (requests, tasks) | [`records::Records`] |
+//! | records under a lock (requests, tasks) | [`records::Records`]; a poller's listing, [`Listing`] |
 //! | the event log | [`Store::append_event`], [`Store::read_events`], [`Store::read_events_back`] (through [`crate::events`]) |
 //! | the change feed | [`Store::watch`] |
 //! | named locks | [`Store::lock`] |
@@ -45,6 +45,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::teamdir::TeamDir;
 
+pub use self::records::Listing;
 pub use self::redis::hosts::{
     HOST_LEASE, HostLease, check_host as check_host_name, no_bus as no_hosts,
 };
