@@ -32,7 +32,7 @@ pub fn draw(f: &mut Screen, team: &TeamDir, view: &View) {
     match &view.pane {
         Pane::Table => table(f, body, view),
         Pane::Member(name) => member(f, body, team, view, name),
-        Pane::Board => board(f, body, team),
+        Pane::Board => board(f, body, &view.frame.tasks),
     }
     let first = match &view.prompt {
         Some(p) => format!("{}{}_", p.label, p.text),
@@ -302,10 +302,8 @@ fn transcript_tail(path: &std::path::Path, n: usize) -> Vec<String> {
         .collect()
 }
 
-fn board(f: &mut Screen, area: Rect, team: &TeamDir) {
-    let tasks = troupe::tasks::TaskStore::new(team)
-        .list(None)
-        .unwrap_or_default();
+/// The board as the frame read it.
+fn board(f: &mut Screen, area: Rect, tasks: &[troupe::tasks::Task]) {
     let lines: Vec<Line> = if tasks.is_empty() {
         vec![Line::from("The board is empty.")]
     } else {

@@ -10,7 +10,7 @@ use troupe::config::{Member, Roster};
 use troupe::inbox::Inbox;
 use troupe::liveness;
 use troupe::requests::{RequestKind, RequestStatus, RequestStore};
-use troupe::store::beat;
+use troupe::store::{Listing, beat};
 use troupe::tasks::TaskStore;
 use troupe::teamdir::AgentName;
 
@@ -25,6 +25,9 @@ pub struct Frame {
     pub supervisor: bool,
     pub header: Header,
     pub rows: Vec<Row>,
+    /// The board, for its pane (not in `--json`: the header counts it).
+    #[serde(skip)]
+    pub tasks: Vec<troupe::tasks::Task>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -124,16 +127,28 @@ pub fn lints(row: &Row, signs: &Signs, now: f64) -> Vec<String> {
     out
 }
 
-/// Reads the team now; `events` are the last events of the log (see [`Tail`]).
-pub fn gather(team: &TeamDir, events: &[Value]) -> anyhow::Result<Frame> {
+/// The listings of requests, tasks and merge entries a view keeps from one frame to the next,
+/// so that each frame reads only the ones that changed (a team's history of each only grows;
+/// see [`Listing`]).
+#[derive(Default)]
+pub struct Lists {
+    requests: Listing<troupe::requests::Request>,
+    tasks: Listing<troupe::tasks::Task>,
+    merges: Listing<troupe::merge::MergeEntry>,
+}
+
+/// Reads the team now; `events` are the last events of the log (see [`Tail`]), `lists` what
+/// the last frame listed.
+pub fn gather(team: &TeamDir, events: &[Value], lists: &mut Lists) -> anyhow::Result<Frame> {
     let now = troupe::fsutil::now();
     let cfg = Roster::new(team).load()?;
-    let requests = RequestStore::new(team).list(Some(RequestStatus::Pending))?;
-    let tasks = TaskStore::new(team).list(None)?;
+    let requests =
+        RequestStore::new(team).list_cached(Some(RequestStatus::Pending), &mut lists.requests)?;
+    let tasks = TaskStore::new(team).list_cached(&mut lists.tasks)?;
     let here = team.store().this_host();
     let merges = troupe::merge::latest_by_member(
         &troupe::merge::MergeStore::new(team)
-            .list()
+            .list_cached(&mut lists.merges)
             .unwrap_or_default(),
     );
     let mut rows = Vec::new();
@@ -170,6 +185,7 @@ pub fn gather(team: &TeamDir, events: &[Value]) -> anyhow::Result<Frame> {
             lints: rows.iter().map(|r| r.lints.len()).sum(),
         },
         rows,
+        tasks,
     })
 }
 
