@@ -219,6 +219,14 @@ mod tests {
                     "seed {seed}, n {n}"
                 );
             }
+            let (lines, _) = team.store().read_events(0, None, usize::MAX).unwrap();
+            for n in [0, 1, 7, 500] {
+                assert_eq!(
+                    files::events::last_lines(&team.events(), n).unwrap(),
+                    lines[lines.len().saturating_sub(n)..],
+                    "seed {seed}, last {n} lines"
+                );
+            }
             // Once the last line is complete, the next read from the tail's end gives it.
             try_log(&team, "after", json!({})).unwrap();
             let (more, _) = read_from(&team, end).unwrap();

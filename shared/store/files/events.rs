@@ -10,6 +10,7 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::fsutil;
@@ -101,8 +102,24 @@ pub fn read(
 /// at a time: a line cut by a block's start is read whole with the block before, so none is
 /// torn. `to` is where they end (`before`, or the end found) and `from` where the first starts.
 pub fn read_back(team: &TeamDir, before: Option<u64>, n: usize) -> Result<EventsBack> {
-    let path = team.events();
-    let Some(f) = open(team)? else {
+    read_back_in(&team.events(), before, n)
+}
+
+/// The last `n` complete lines of the file at `path` (none when it does not exist), oldest
+/// first, read back from its end as [`read_back`] reads the event log: for a view of the end
+/// of a journal or a log that may be large.
+pub fn last_lines(path: &Path, n: usize) -> Result<Vec<Vec<u8>>> {
+    Ok(read_back_in(path, None, n)?.lines)
+}
+
+/// [`read_back`] of the lines of the file at `path`.
+fn read_back_in(path: &Path, before: Option<u64>, n: usize) -> Result<EventsBack> {
+    let f = match File::open(path) {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io("open", path)(e)),
+    };
+    let Some(f) = f else {
         let at = before.unwrap_or(0);
         return Ok(EventsBack {
             lines: Vec::new(),
@@ -111,7 +128,7 @@ pub fn read_back(team: &TeamDir, before: Option<u64>, n: usize) -> Result<Events
             at_start: true,
         });
     };
-    let len = f.metadata().map_err(Error::io("stat", &path))?.len();
+    let len = f.metadata().map_err(Error::io("stat", path))?.len();
     let end = before.unwrap_or(len).min(len);
     if n == 0
         && let Some(to) = before
@@ -145,7 +162,7 @@ pub fn read_back(team: &TeamDir, before: Option<u64>, n: usize) -> Result<Events
         let start = cur.saturating_sub(BLOCK as u64);
         let buf = &mut block[..(cur - start) as usize];
         f.read_exact_at(buf, start)
-            .map_err(Error::io("read", &path))?;
+            .map_err(Error::io("read", path))?;
         let mut tail = buf.len();
         for nl in memchr::memrchr_iter(b'\n', buf) {
             let at = start + nl as u64 + 1;
