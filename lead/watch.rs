@@ -4,7 +4,10 @@
 //!
 //! Events are read through the store (the team dir's `events.jsonl`, or the bus's stream), from
 //! the position the last read ended at, every 100 ms: each event is printed once, in the log's
-//! order.
+//! order. The start is the log's end, found by reading back from it (on a bus, its newest
+//! entry), and `--since` reads back from there only as far as the time it names
+//! ([`events::since`]): neither reads the rest of the log, which is never trimmed, and
+//! reads go a page at a time, so what `lead watch` holds does not grow with the log.
 
 use std::io::Write;
 use std::time::Duration;
@@ -40,19 +43,34 @@ const POLL: Duration = Duration::from_millis(100);
 /// How often `--until-stop` asks whether a supervisor still runs.
 const STOP_CHECK: Duration = Duration::from_millis(500);
 
+/// The events read at a time: what `lead watch` holds, however far back `--since` reaches or
+/// however many events came at once.
+const PAGE: usize = 1000;
+
 pub fn watch(team: &TeamDir, a: WatchArgs) -> anyhow::Result<u8> {
     let now = troupe::fsutil::now();
     let since = a.since.as_deref().map(|s| since(s, now)).transpose()?;
     let mut out = std::io::stdout().lock();
-    // From now on: skip what is there (unless --since reaches into it).
-    let (past, mut pos) = events::read_from(team, 0)?;
+    // From now on: from the log's end, found without reading the log.
+    let end = events::end(team)?;
     if let Some(t) = since {
-        for ev in past.iter().filter(|e| e["ts"].as_f64() >= Some(t)) {
-            if !print(&mut out, ev, &a)? {
-                return Ok(0);
+        // What --since reaches into: read back to its start, then on to the end, a page at a
+        // time.
+        let mut at = events::since(team, t, end)?;
+        while at < end {
+            let (past, next) = events::read_page(team, at, Some(end), PAGE)?;
+            if next == at {
+                break;
+            }
+            at = next;
+            for ev in past.iter().filter(|e| e["ts"].as_f64() >= Some(t)) {
+                if !print(&mut out, ev, &a)? {
+                    return Ok(0);
+                }
             }
         }
     }
+    let mut pos = end;
     let mut checked = std::time::Instant::now();
     loop {
         // Asked before the read: the events a supervisor logs as it ends are read after.
@@ -61,11 +79,16 @@ pub fn watch(team: &TeamDir, a: WatchArgs) -> anyhow::Result<u8> {
             checked = std::time::Instant::now();
             stopping = !troupe::liveness::supervisor_running(team)?;
         }
-        let (new, next) = events::read_from(team, pos)?;
-        pos = next;
-        for ev in &new {
-            if !print(&mut out, ev, &a)? {
-                return Ok(0);
+        loop {
+            let (new, next) = events::read_page(team, pos, None, PAGE)?;
+            if next == pos {
+                break;
+            }
+            pos = next;
+            for ev in &new {
+                if !print(&mut out, ev, &a)? {
+                    return Ok(0);
+                }
             }
         }
         if stopping {

@@ -219,6 +219,20 @@ impl RequestStore {
         Ok(out)
     }
 
+    /// As [`RequestStore::list`], reading only the requests that changed since the listing
+    /// `cache` was last given to (for a poller such as `lead top`; see
+    /// [`crate::store::Listing`]).
+    pub fn list_cached(
+        &self,
+        status: Option<RequestStatus>,
+        cache: &mut crate::store::Listing<Request>,
+    ) -> Result<Vec<Request>> {
+        let mut out: Vec<Request> = self.records().list_cached(cache)?;
+        out.retain(|r| status.is_none_or(|s| r.status == s));
+        out.sort_by(|a, b| a.created_at.total_cmp(&b.created_at));
+        Ok(out)
+    }
+
     /// Answers a pending request as `who` (who must be its addressee). `extra` holds the answer's
     /// `reason` or `feedback`.
     ///

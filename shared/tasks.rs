@@ -303,6 +303,18 @@ impl TaskStore {
         Ok(out)
     }
 
+    /// Every task, oldest first, reading only those that changed since the listing `cache`
+    /// was last given to (for a poller such as `lead top`; see [`crate::store::Listing`]).
+    pub fn list_cached(&self, cache: &mut crate::store::Listing<Task>) -> Result<Vec<Task>> {
+        let mut out: Vec<Task> = self.records().list_cached(cache)?;
+        out.sort_by(|a, b| {
+            a.created_at
+                .total_cmp(&b.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        Ok(out)
+    }
+
     /// The tasks `who` could claim now, oldest first: pending, unowned or owned by `who`, every
     /// blocker completed. With `who` `None`, only unowned ones.
     pub fn claimable(&self, who: Option<&str>) -> Result<Vec<Task>> {

@@ -8,6 +8,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row as TableRow, Table, TableState, Wrap};
 use troupe::TeamDir;
 use troupe::llm::Block as Content;
+use troupe::store::files::events::last_lines;
 use troupe::teamdir::AgentName;
 use troupe::term_text;
 use troupe::transcript::Entry;
@@ -32,7 +33,7 @@ pub fn draw(f: &mut Screen, team: &TeamDir, view: &View) {
     match &view.pane {
         Pane::Table => table(f, body, view),
         Pane::Member(name) => member(f, body, team, view, name),
-        Pane::Board => board(f, body, team),
+        Pane::Board => board(f, body, &view.frame.tasks),
     }
     let first = match &view.prompt {
         Some(p) => format!("{}{}_", p.label, p.text),
@@ -231,15 +232,11 @@ fn member(f: &mut Screen, area: Rect, team: &TeamDir, view: &View, name: &str) {
         ),
         left,
     );
-    let log = std::fs::read_to_string(team.log(&agent)).unwrap_or_default();
-    let tail: Vec<Line> = log
-        .lines()
-        .rev()
-        .take(area.height as usize)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .map(|l| Line::from(term_text::line(l).into_owned()))
+    // Its last lines only, read back from the end: a worker's log is never trimmed.
+    let tail: Vec<Line> = last_lines(&team.log(&agent), area.height as usize)
+        .unwrap_or_default()
+        .iter()
+        .map(|l| Line::from(term_text::line(&String::from_utf8_lossy(l)).into_owned()))
         .collect();
     f.render_widget(
         Paragraph::new(tail)
@@ -249,11 +246,17 @@ fn member(f: &mut Screen, area: Rect, team: &TeamDir, view: &View, name: &str) {
     );
 }
 
-/// The last `n` entries of a journal, one line each.
+/// The last `n` entries of a journal, one line each: read back from its end, not the whole
+/// journal at every frame (a journal holds every model turn of the member's life). A line
+/// that does not parse as an entry is left out.
 fn transcript_tail(path: &std::path::Path, n: usize) -> Vec<String> {
-    let Ok(entries) = troupe::transcript::read_entries(path) else {
+    let Ok(lines) = last_lines(path, n) else {
         return vec!["(no transcript here)".into()];
     };
+    let entries: Vec<Entry> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect();
     let short = |t: &str| {
         let one = t.split_whitespace().collect::<Vec<_>>().join(" ");
         if one.chars().count() > 160 {
@@ -302,10 +305,8 @@ fn transcript_tail(path: &std::path::Path, n: usize) -> Vec<String> {
         .collect()
 }
 
-fn board(f: &mut Screen, area: Rect, team: &TeamDir) {
-    let tasks = troupe::tasks::TaskStore::new(team)
-        .list(None)
-        .unwrap_or_default();
+/// The board as the frame read it.
+fn board(f: &mut Screen, area: Rect, tasks: &[troupe::tasks::Task]) {
     let lines: Vec<Line> = if tasks.is_empty() {
         vec![Line::from("The board is empty.")]
     } else {

@@ -10,7 +10,7 @@ use troupe::config::{Member, Roster};
 use troupe::inbox::Inbox;
 use troupe::liveness;
 use troupe::requests::{RequestKind, RequestStatus, RequestStore};
-use troupe::store::beat;
+use troupe::store::{Listing, beat};
 use troupe::tasks::TaskStore;
 use troupe::teamdir::AgentName;
 
@@ -25,6 +25,9 @@ pub struct Frame {
     pub supervisor: bool,
     pub header: Header,
     pub rows: Vec<Row>,
+    /// The board, for its pane (not in `--json`: the header counts it).
+    #[serde(skip)]
+    pub tasks: Vec<troupe::tasks::Task>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -124,16 +127,28 @@ pub fn lints(row: &Row, signs: &Signs, now: f64) -> Vec<String> {
     out
 }
 
-/// Reads the team now; `events` are the last events of the log (see [`Tail`]).
-pub fn gather(team: &TeamDir, events: &[Value]) -> anyhow::Result<Frame> {
+/// The listings of requests, tasks and merge entries a view keeps from one frame to the next,
+/// so that each frame reads only the ones that changed (a team's history of each only grows;
+/// see [`Listing`]).
+#[derive(Default)]
+pub struct Lists {
+    requests: Listing<troupe::requests::Request>,
+    tasks: Listing<troupe::tasks::Task>,
+    merges: Listing<troupe::merge::MergeEntry>,
+}
+
+/// Reads the team now; `events` are the last events of the log (see [`Tail`]), `lists` what
+/// the last frame listed.
+pub fn gather(team: &TeamDir, events: &[Value], lists: &mut Lists) -> anyhow::Result<Frame> {
     let now = troupe::fsutil::now();
     let cfg = Roster::new(team).load()?;
-    let requests = RequestStore::new(team).list(Some(RequestStatus::Pending))?;
-    let tasks = TaskStore::new(team).list(None)?;
+    let requests =
+        RequestStore::new(team).list_cached(Some(RequestStatus::Pending), &mut lists.requests)?;
+    let tasks = TaskStore::new(team).list_cached(&mut lists.tasks)?;
     let here = team.store().this_host();
     let merges = troupe::merge::latest_by_member(
         &troupe::merge::MergeStore::new(team)
-            .list()
+            .list_cached(&mut lists.merges)
             .unwrap_or_default(),
     );
     let mut rows = Vec::new();
@@ -170,6 +185,7 @@ pub fn gather(team: &TeamDir, events: &[Value]) -> anyhow::Result<Frame> {
             lints: rows.iter().map(|r| r.lints.len()).sum(),
         },
         rows,
+        tasks,
     })
 }
 
@@ -256,26 +272,43 @@ fn row_of(
     )
 }
 
-/// The last events of the log (enough for the lints and the rate-limit state), read on from
-/// where the last look ended.
+/// The last [`TAIL`] events of the log: all the view derives from events (a member's recent
+/// tool calls, for the lint "same tool call N times in a row", and the last `rate_limited`
+/// cooldown) is read from them, and everything else from the records (the roster, requests,
+/// tasks, merge entries, heartbeats). The first look reads them back from the log's end
+/// ([`troupe::events::tail`]); each later one reads on from where the last ended, a page at a
+/// time. So neither the time to the first frame nor what the view holds grows with the log
+/// (which is never trimmed), and a frame shows what it would on a log of only those events.
 #[derive(Default)]
 pub struct Tail {
-    pos: u64,
+    /// Where the next look reads on from (`None`: nothing read yet).
+    pos: Option<u64>,
     pub events: std::collections::VecDeque<Value>,
 }
 
 /// How many of the last events a [`Tail`] keeps.
-const TAIL: usize = 2000;
+pub const TAIL: usize = 2000;
 
 impl Tail {
     pub fn refresh(&mut self, team: &TeamDir) {
-        if let Ok((new, next)) = troupe::events::read_from(team, self.pos) {
-            self.pos = next;
+        let Some(mut pos) = self.pos else {
+            if let Ok((last, next)) = troupe::events::tail(team, TAIL) {
+                self.events = last.into();
+                self.pos = Some(next);
+            }
+            return;
+        };
+        while let Ok((new, next)) = troupe::events::read_page(team, pos, None, TAIL) {
+            if next == pos {
+                break;
+            }
+            pos = next;
             self.events.extend(new);
             while self.events.len() > TAIL {
                 self.events.pop_front();
             }
         }
+        self.pos = Some(pos);
     }
 
     pub fn as_slice(&mut self) -> &[Value] {

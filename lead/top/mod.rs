@@ -7,7 +7,9 @@
 //! ask it to shut down, `t` the board, `q` quit.
 //!
 //! The view is read again when the store's change feed says the roster, requests or tasks
-//! changed (within 200 ms) and every second for ages and clocks. The terminal is restored on
+//! changed (within 200 ms) and every second for ages and clocks: the last events from where the
+//! last look ended ([`frame::Tail`]), and of the requests, tasks and merge entries only those
+//! that changed ([`frame::Lists`]). The terminal is restored on
 //! every way out: `q`, Ctrl-C, SIGTERM, SIGHUP, a panic; Ctrl-Z suspends (the terminal given
 //! back) and `fg` resumes. `lead top --once --json` prints one frame as JSON instead.
 
@@ -38,7 +40,7 @@ pub fn top(team: &TeamDir, a: TopArgs) -> anyhow::Result<u8> {
     if a.once {
         let mut tail = frame::Tail::default();
         tail.refresh(team);
-        let f = frame::gather(team, tail.as_slice())?;
+        let f = frame::gather(team, tail.as_slice(), &mut frame::Lists::default())?;
         if a.json {
             println!("{}", serde_json::to_string(&f)?);
         } else {
@@ -125,8 +127,9 @@ fn run(team: &TeamDir, stop: &AtomicBool) -> anyhow::Result<u8> {
         .ok();
     let mut tail = frame::Tail::default();
     tail.refresh(team);
+    let mut lists = frame::Lists::default();
     let mut view = View {
-        frame: frame::gather(team, tail.as_slice())?,
+        frame: frame::gather(team, tail.as_slice(), &mut lists)?,
         selected: 0,
         pane: Pane::Table,
         prompt: None,
@@ -142,7 +145,7 @@ fn run(team: &TeamDir, stop: &AtomicBool) -> anyhow::Result<u8> {
         let changed = watch.as_ref().is_some_and(|w| w.changed());
         if changed || read_at.elapsed() >= Duration::from_secs(1) {
             tail.refresh(team);
-            match frame::gather(team, tail.as_slice()) {
+            match frame::gather(team, tail.as_slice(), &mut lists) {
                 Ok(f) => view.frame = f,
                 Err(e) => view.note = format!("could not read the team: {e}"),
             }

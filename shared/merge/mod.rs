@@ -281,6 +281,15 @@ impl MergeStore {
         self.records().list()
     }
 
+    /// Every entry, reading only those that changed since the listing `cache` was last given
+    /// to (for a poller such as `lead top`; see [`crate::store::Listing`]).
+    pub fn list_cached(
+        &self,
+        cache: &mut crate::store::Listing<MergeEntry>,
+    ) -> Result<Vec<MergeEntry>> {
+        self.records().list_cached(cache)
+    }
+
     /// Changes entry `id` under its lock: `f` gets it and says whether it changed it; the
     /// entry as it stands after.
     pub fn update(&self, id: &str, f: impl FnOnce(&mut MergeEntry) -> bool) -> Result<MergeEntry> {

@@ -13,8 +13,8 @@
 //! | --- | --- |
 //! | inboxes (append, drain, wait) | [`crate::inbox::Inbox`], [`crate::wait::InboxWaiter`] |
 //! | documents under a lock (the roster, team files' record) | [`doc::Doc`] |
-//! | records under a lock (requests, tasks) | [`records::Records`] |
-//! | the event log | [`Store::append_event`], [`Store::read_events`] (through [`crate::events`]) |
+//! | records under a lock (requests, tasks) | [`records::Records`]; a poller's listing, [`Listing`] |
+//! | the event log | [`Store::append_event`], [`Store::read_events`], [`Store::read_events_back`] (through [`crate::events`]) |
 //! | the change feed | [`Store::watch`] |
 //! | named locks | [`Store::lock`] |
 //! | leases with an epoch, fencing | [`Store::hold_host`], [`fence`] |
@@ -45,6 +45,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::teamdir::TeamDir;
 
+pub use self::records::Listing;
 pub use self::redis::hosts::{
     HOST_LEASE, HostLease, check_host as check_host_name, no_bus as no_hosts,
 };
@@ -149,6 +150,21 @@ pub enum Wake {
     Timeout,
 }
 
+/// What [`Store::read_events_back`] read: the event lines just before a position, oldest
+/// first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsBack {
+    pub lines: Vec<Vec<u8>>,
+    /// The position a read goes on from to read these lines again, then the rest: also where
+    /// to read back from for the lines before them.
+    pub from: u64,
+    /// The position just past them (the one asked for, or the log's end): a read goes on from
+    /// here with what follows.
+    pub to: u64,
+    /// Whether nothing is before them (the log's start was reached).
+    pub at_start: bool,
+}
+
 /// A lock taken through [`Store::lock`], released when dropped.
 pub enum StoreLock<'a> {
     /// An flock of a sidecar file.
@@ -198,13 +214,30 @@ impl<'a> Store<'a> {
         }
     }
 
-    /// The event lines after position `after` (0: from the first) and the position to read
-    /// from next: a byte offset in `events.jsonl` (a line still being written is left for the
-    /// next call), or a position in the bus's event stream.
-    pub fn read_events(&self, after: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+    /// The event lines after position `after` (0: from the first) up to position `until`
+    /// (`None`: the end), at most `max` of them, and the position to read from next: a byte
+    /// offset in `events.jsonl` (a line still being written is left for the next call), or a
+    /// position in the bus's event stream. Positions grow with the log: of two, the greater is
+    /// the later.
+    pub fn read_events(
+        &self,
+        after: u64,
+        until: Option<u64>,
+        max: usize,
+    ) -> Result<(Vec<Vec<u8>>, u64)> {
         match self {
-            Store::Files(team) => files::events::read(team, after),
-            Store::Redis(bus) => redis::read_events(bus, after),
+            Store::Files(team) => files::events::read(team, after, until, max),
+            Store::Redis(bus) => redis::read_events(bus, after, until, max),
+        }
+    }
+
+    /// Up to `n` event lines before position `before` (`None`: the end of the log), read back
+    /// from there: the log's end is found without reading the rest of it (`n` 0: only the
+    /// end). See [`EventsBack`].
+    pub fn read_events_back(&self, before: Option<u64>, n: usize) -> Result<EventsBack> {
+        match self {
+            Store::Files(team) => files::events::read_back(team, before, n),
+            Store::Redis(bus) => redis::read_events_back(bus, before, n),
         }
     }
 

@@ -223,6 +223,62 @@ impl RedisBus {
     }
 }
 
+/// Whether stream id `a` (`MS-SEQ`) comes after `b`.
+fn id_after(a: &str, b: &str) -> bool {
+    let parse = |id: &str| {
+        let (ms, seq) = id.split_once('-')?;
+        Some((ms.parse::<u64>().ok()?, seq.parse::<u64>().ok()?))
+    };
+    match (parse(a), parse(b)) {
+        (Some(a), Some(b)) => a > b,
+        _ => true,
+    }
+}
+
+impl RedisBus {
+    /// The change feed's newest entry now, and the keys it names after entry `last` (`None`
+    /// when it cannot tell: no `last`, or the feed no longer holds every entry after it).
+    pub(crate) fn changes_after(
+        &self,
+        last: Option<&str>,
+    ) -> Result<(Option<String>, Option<Vec<String>>)> {
+        let feed = self.key("changes");
+        let ends = |c: &mut redis::Connection, cmd: &str, from: &str, to: &str| {
+            redis::cmd(cmd)
+                .arg(&feed)
+                .arg(from)
+                .arg(to)
+                .arg("COUNT")
+                .arg(1)
+                .query::<redis::Value>(c)
+        };
+        let newest = self.with_conn("read the change feed", |c| ends(c, "XREVRANGE", "+", "-"))?;
+        let newest = super::inbox::first_id(&newest);
+        let Some(last) = last else {
+            return Ok((newest, None));
+        };
+        let oldest = self.with_conn("read the change feed", |c| ends(c, "XRANGE", "-", "+"))?;
+        match super::inbox::first_id(&oldest) {
+            Some(o) if !id_after(&o, last) => {}
+            // Emptied (a server that lost its data) or trimmed past `last`.
+            _ => return Ok((newest, None)),
+        }
+        let after = format!("({last}");
+        let v: redis::Value = self.with_conn("read the change feed", |c| {
+            redis::cmd("XRANGE")
+                .arg(&feed)
+                .arg(&after)
+                .arg("+")
+                .query(c)
+        })?;
+        let keys = super::inbox::range_entries(&v, "k")
+            .into_iter()
+            .filter_map(|(_, k)| k.map(|k| String::from_utf8_lossy(k).into_owned()))
+            .collect();
+        Ok((newest, Some(keys)))
+    }
+}
+
 /// A follower of the team's change feed: [`ChangeFeed::wait`] returns when something changed
 /// after the follower started (or after its last wait), or when `timeout` passes.
 pub struct ChangeFeed {

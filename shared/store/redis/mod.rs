@@ -373,32 +373,117 @@ pub(crate) fn log_event(bus: &RedisBus, line: &[u8]) -> Result<()> {
     .map(drop)
 }
 
-/// The event lines after position `after` (0: from the first), and the position of the last
-/// one read (or `after`). A position is the entry's stream id `MS-SEQ` as `MS * 1,000,000 +
-/// SEQ` (a million events in one millisecond would be needed to confuse two).
-pub(crate) fn read_events(bus: &RedisBus, after: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+/// A position in the event stream as the stream id it stands for, `MS-SEQ` (see
+/// [`read_events`]).
+fn stream_id(pos: u64) -> String {
+    format!("{}-{}", pos / 1_000_000, pos % 1_000_000)
+}
+
+/// The position of stream id `MS-SEQ`.
+fn position(id: &str) -> Option<u64> {
+    let (ms, seq) = id.split_once('-')?;
+    Some(ms.parse::<u64>().ok()? * 1_000_000 + seq.parse::<u64>().ok()?)
+}
+
+/// The event lines after position `after` (0: from the first) up to position `until` (`None`:
+/// the end), at most `max` of them (one `XRANGE ... COUNT`), and the position of the last one
+/// read (or `after`). A position is the entry's stream id `MS-SEQ` as `MS * 1,000,000 + SEQ`
+/// (a million events in one millisecond would be needed to confuse two); the events after
+/// position `p` are those of ids above `p`'s, those before it the others.
+pub(crate) fn read_events(
+    bus: &RedisBus,
+    after: u64,
+    until: Option<u64>,
+    max: usize,
+) -> Result<(Vec<Vec<u8>>, u64)> {
     let key = bus.key("events");
     let start = if after == 0 {
         "-".to_owned()
     } else {
-        format!("({}-{}", after / 1_000_000, after % 1_000_000)
+        format!("({}", stream_id(after))
     };
+    let end = until.map_or_else(|| "+".to_owned(), stream_id);
+    if until.is_some_and(|u| u <= after) || max == 0 {
+        return Ok((Vec::new(), after));
+    }
     let v: redis::Value = bus.with_conn("read events", |c| {
-        redis::cmd("XRANGE").arg(&key).arg(&start).arg("+").query(c)
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(&key).arg(&start).arg(&end);
+        if max < usize::MAX {
+            cmd.arg("COUNT").arg(max);
+        }
+        cmd.query(c)
     })?;
     let mut last = after;
     let mut lines = Vec::new();
     for (id, line) in inbox::range_entries(&v, "e") {
-        if let Some((ms, seq)) = id.split_once('-')
-            && let (Ok(ms), Ok(seq)) = (ms.parse::<u64>(), seq.parse::<u64>())
-        {
-            last = ms * 1_000_000 + seq;
+        if let Some(p) = position(id) {
+            last = p;
         }
         if let Some(l) = line {
             lines.push(l.to_vec());
         }
     }
     Ok((lines, last))
+}
+
+/// Up to `n` event lines before position `before` (`None`: the stream's end), oldest first,
+/// with one `XREVRANGE ... COUNT n`: what is older is not sent.
+pub(crate) fn read_events_back(
+    bus: &RedisBus,
+    before: Option<u64>,
+    n: usize,
+) -> Result<crate::store::EventsBack> {
+    let key = bus.key("events");
+    if n == 0
+        && let Some(to) = before
+    {
+        return Ok(crate::store::EventsBack {
+            lines: Vec::new(),
+            from: to,
+            to,
+            at_start: to == 0,
+        });
+    }
+    let end = before.map_or_else(|| "+".to_owned(), stream_id);
+    let count = n.max(1);
+    let v: redis::Value = bus.with_conn("read events", |c| {
+        redis::cmd("XREVRANGE")
+            .arg(&key)
+            .arg(&end)
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query(c)
+    })?;
+    let entries = inbox::range_entries(&v, "e");
+    let newest = entries.first().and_then(|(id, _)| position(id));
+    let to = before.or(newest).unwrap_or(0);
+    if n == 0 {
+        return Ok(crate::store::EventsBack {
+            lines: Vec::new(),
+            from: to,
+            to,
+            at_start: newest.is_none(),
+        });
+    }
+    let at_start = entries.len() < count;
+    let oldest = entries.last().and_then(|(id, _)| position(id));
+    let lines = entries
+        .iter()
+        .rev()
+        .filter_map(|(_, l)| l.map(<[u8]>::to_vec))
+        .collect();
+    Ok(crate::store::EventsBack {
+        lines,
+        from: if at_start {
+            0
+        } else {
+            oldest.map_or(to, |p| p - 1)
+        },
+        to,
+        at_start,
+    })
 }
 
 /// Splits the team name off a bus URL and refuses one that carries a password or is not Redis.
