@@ -263,8 +263,9 @@ fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
                 "{name} could move another branch ({what}): {second}"
             );
         }
-        // The commit is in the member's own store; the repository gets it only through the
-        // merge queue (or `lead worktree remove`), which fetches it.
+        // The commit is in the member's own store; the repository gets it only through a
+        // checked fetch (its worker's before it says idle, the merge queue's, `lead worktree
+        // remove`'s).
         assert_eq!(
             git_ok(&wt, &["show", &format!("troupe/{name}:same.txt")]),
             format!("{name}\n")
@@ -277,10 +278,16 @@ fn commit_on_own_branches(uid: Option<u32>, base: &Path) {
             git_ok(&wt, &["rev-parse", "--absolute-git-dir"]).trim(),
             store.canonicalize().unwrap().display().to_string()
         );
+        // Idle, so taken: the repository's troupe/NAME is what it committed, and its other
+        // moves (the sibling's branch, main) were refused above.
         assert_eq!(
             git_ok(&repo, &["rev-parse", &format!("troupe/{name}")]).trim(),
-            main_head.trim(),
-            "the repository's troupe/{name} moved before anything took it"
+            git_ok(&wt, &["rev-parse", &format!("troupe/{name}")]).trim(),
+            "the repository's troupe/{name} is not what {name} committed"
+        );
+        assert_ne!(
+            git_ok(&repo, &["rev-parse", &format!("troupe/{name}")]).trim(),
+            main_head.trim()
         );
     }
     // The main tree, its branch and the repository's settings and hooks are as they were.
