@@ -6,23 +6,7 @@
 
 mod support;
 
-use std::process::Command;
-
-use support::team::Team;
-
-fn lead(team: &Team, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_lead"))
-        .arg("--team-dir")
-        .arg(team.dir.root())
-        .args(args)
-        .current_dir(&team.workdir)
-        .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::store::redis::BUS_ENV)
-        .env("TROUPE_PROVIDER", "replay")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap()
-}
+use support::team::{Team, offline_lead as lead};
 
 #[test]
 fn malformed_entries_beats_state_and_events_panic_no_command() {

@@ -10,25 +10,10 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
-use support::team::Team;
-
-fn lead(team: &Team, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_lead"))
-        .arg("--team-dir")
-        .arg(team.dir.root())
-        .args(args)
-        .current_dir(&team.workdir)
-        .env_remove("TROUPE_TEAM_DIR")
-        .env_remove(troupe::store::redis::BUS_ENV)
-        .env("TROUPE_PROVIDER", "replay")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap()
-}
+use support::team::{Team, offline_lead as lead};
 
 fn ok(team: &Team, args: &[&str]) -> String {
     let o = lead(team, args);

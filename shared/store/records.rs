@@ -225,6 +225,20 @@ impl Records<'_> {
         if let Store::Redis(bus) = self.team.store() {
             return self.list_bus(bus);
         }
+        let mut out = Vec::new();
+        for (id, _) in self.files()? {
+            match self.read(&id) {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("skipping {}: {e}", self.noun),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The ids of the record files in the directory, each with its path: `ID.json` files whose
+    /// `ID` names a record (none when the directory is missing).
+    fn files(&self) -> Result<Vec<(String, std::path::PathBuf)>> {
         let dir = (self.dir)(self.team);
         let rd = match std::fs::read_dir(&dir) {
             Ok(rd) => rd,
@@ -238,13 +252,8 @@ impl Records<'_> {
             let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
-            if (self.file)(self.team, id).is_err() {
-                continue;
-            }
-            match self.read(id) {
-                Ok(Some(r)) => out.push(r),
-                Ok(None) => {}
-                Err(e) => tracing::warn!("skipping {}: {e}", self.noun),
+            if let Ok(path) = (self.file)(self.team, id) {
+                out.push((id.to_owned(), path));
             }
         }
         Ok(out)
@@ -259,26 +268,10 @@ impl Records<'_> {
         if let Store::Redis(bus) = self.team.store() {
             return self.list_bus_cached(bus, cache);
         }
-        let dir = (self.dir)(self.team);
-        let rd = match std::fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                cache.seen.clear();
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(Error::io("list", &dir)(e)),
-        };
         let mut present = HashSet::new();
         let mut out = Vec::new();
-        for ent in rd {
-            let ent = ent.map_err(Error::io("list", &dir))?;
-            let name = ent.file_name();
-            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
-                continue;
-            };
-            let Ok(path) = (self.file)(self.team, id) else {
-                continue;
-            };
+        for (id, path) in self.files()? {
+            let id = id.as_str();
             // The file's stamp before its bytes: a change between the two is read again next
             // time, never missed.
             let stamp = match std::fs::metadata(&path) {

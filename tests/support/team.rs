@@ -408,3 +408,19 @@ pub fn stop_between_writes(pid: u32, team: &TeamDir) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// `lead ARGS` on `team` with no model and no bus (the replay provider, the caller's team dir
+/// and bus variables unset, stdin closed): for commands that only read the team.
+pub fn offline_lead(team: &Team, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_lead"))
+        .arg("--team-dir")
+        .arg(team.dir.root())
+        .args(args)
+        .current_dir(&team.workdir)
+        .env_remove("TROUPE_TEAM_DIR")
+        .env_remove(troupe::store::redis::BUS_ENV)
+        .env("TROUPE_PROVIDER", "replay")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
