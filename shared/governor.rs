@@ -535,10 +535,7 @@ impl Drop for Held<'_> {
 impl Gate for Governor {
     fn enter(&self, endpoint: &str, model: &str) -> Result<Box<dyn Send + '_>, LlmError> {
         let pool = self.pool(endpoint);
-        let poll = match self.team.store() {
-            crate::store::Store::Files(_) => Duration::from_millis(20),
-            crate::store::Store::Redis(_) => Duration::from_millis(50),
-        };
+        let poll = pool.poll();
         let began = Instant::now();
         let mut waiting = Waiting::new(began);
         let mut shown = false;

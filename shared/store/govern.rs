@@ -197,6 +197,15 @@ impl Pool {
         Pool { to }
     }
 
+    /// How often a waiter tries again for a slot: each try is a few file operations in a team
+    /// dir, a round trip on a bus.
+    pub fn poll(&self) -> Duration {
+        match &self.to {
+            Target::Files(_) => Duration::from_millis(20),
+            Target::Redis(..) => Duration::from_millis(50),
+        }
+    }
+
     /// Reads the soft state under its lock (`None`: none yet), lets `f` decide its next bytes
     /// (`None`: unchanged) and writes them.
     pub fn update<R>(&self, f: impl FnOnce(Option<&[u8]>) -> (Option<Vec<u8>>, R)) -> Result<R> {
